@@ -1,0 +1,133 @@
+//! The element layout of one collective over a buffer of `len` elements.
+//!
+//! * `chunk(g)`: global rank g's shard (node-major, lengths differ by at most one).
+//! * `piece(n, l)`: node n's block (the union of its ranks' chunks, contiguous because ranks
+//!   are node-major) split into `lanes` parts. Lane l of every node runs a cross-node ring over
+//!   the pieces `piece(0, l) .. piece(N-1, l)`; local rank l of a node owns them inside the node.
+//!
+//! When every node hosts the same number of ranks, `piece(n, l) == chunk(n * k + l)`, so the
+//! cross-node reduce-scatter leaves each rank exactly its own shard.
+
+use crate::topology::{RankTable, split};
+use std::ops::Range;
+
+#[derive(Debug, Clone)]
+pub struct Layout {
+    len: usize,
+    chunks: Vec<Range<usize>>,
+    /// `pieces[node][lane]`
+    pieces: Vec<Vec<Range<usize>>>,
+}
+
+impl Layout {
+    pub fn new(table: &RankTable, len: usize) -> Self {
+        let chunks = split(0..len, table.world());
+        let lanes = table.lanes();
+        let pieces = (0..table.num_nodes())
+            .map(|n| {
+                let r = table.ranks_of(n);
+                let block = chunks[r.start].start..chunks[r.end - 1].end;
+                split(block, lanes)
+            })
+            .collect();
+        Self {
+            len,
+            chunks,
+            pieces,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    pub fn lanes(&self) -> usize {
+        self.pieces[0].len()
+    }
+
+    pub fn chunk(&self, rank: usize) -> Range<usize> {
+        self.chunks[rank].clone()
+    }
+
+    pub fn piece(&self, node: usize, lane: usize) -> Range<usize> {
+        self.pieces[node][lane].clone()
+    }
+
+    /// The pieces of lane `lane`, one per node in node order: the ring's chunks.
+    pub fn lane_pieces(&self, lane: usize) -> Vec<Range<usize>> {
+        self.pieces.iter().map(|p| p[lane].clone()).collect()
+    }
+}
+
+/// Intersection of two ranges (empty when disjoint).
+pub fn intersect(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
+    let s = a.start.max(b.start);
+    let e = a.end.min(b.end);
+    if s < e { s..e } else { s..s }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topology::NodeInfo;
+
+    fn table(shape: &[usize]) -> RankTable {
+        RankTable::new(
+            shape
+                .iter()
+                .enumerate()
+                .map(|(i, &k)| NodeInfo {
+                    node: i,
+                    addr: "127.0.0.1:1".parse().unwrap(),
+                    devices: vec![String::new(); k],
+                })
+                .collect(),
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn uniform_pieces_are_chunks() {
+        for shape in [&[1][..], &[4], &[2, 2], &[3, 3, 3], &[2, 2, 2, 2]] {
+            let t = table(shape);
+            for len in [0, 1, 7, 13, 1_000_003] {
+                let l = Layout::new(&t, len);
+                for n in 0..t.num_nodes() {
+                    for lane in 0..t.lanes() {
+                        assert_eq!(l.piece(n, lane), l.chunk(t.global_rank(n, lane)));
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn pieces_partition_the_buffer() {
+        for shape in [&[1, 2][..], &[3, 1, 2], &[2, 4]] {
+            let t = table(shape);
+            for len in [0, 1, 5, 17, 1000] {
+                let l = Layout::new(&t, len);
+                let mut covered = vec![0u8; len];
+                for n in 0..t.num_nodes() {
+                    for lane in 0..t.lanes() {
+                        for i in l.piece(n, lane) {
+                            covered[i] += 1;
+                        }
+                    }
+                }
+                assert!(covered.iter().all(|&c| c == 1), "{shape:?} {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn intersect_ranges() {
+        assert_eq!(intersect(&(0..5), &(3..9)), 3..5);
+        assert!(intersect(&(0..3), &(3..9)).is_empty());
+        assert!(intersect(&(5..9), &(0..2)).is_empty());
+    }
+}

@@ -1,0 +1,327 @@
+//! An nccl-tests-style benchmark harness: one description per collective (name, bandwidth
+//! factor, input, expected output), one timing loop, one table.
+//!
+//! Conventions (nccl-tests, GB = 1e9 bytes):
+//! * size: all-reduce and broadcast the buffer; reduce-scatter its full input; all-gather its
+//!   full output; p2p the bytes sent each way.
+//! * algbw = size / time; busbw = algbw x 2(n-1)/n (all-reduce), x (n-1)/n (reduce-scatter,
+//!   all-gather), x 1 (broadcast, p2p).
+//! * time: per iteration, the slowest rank; the table reports the median over iterations
+//!   (ranks are lined up with a barrier before each timed call, which is not timed).
+//!
+//! With `check`, every iteration's output is compared element by element to a serial
+//! reference (inputs are small integers, so sums are exact in any order) and the number of
+//! wrong elements is reported, like nccl-tests' `#wrong`.
+
+use crate::error::{CollectiveError, Error};
+use crate::group::{ProcessGroup, ReduceOp};
+use crate::topology::shard_range;
+use serde::Serialize;
+use std::time::Instant;
+
+/// A collective the harness can measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BenchOp {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    P2p,
+}
+
+impl BenchOp {
+    pub const ALL: [BenchOp; 5] = [
+        BenchOp::AllReduce,
+        BenchOp::ReduceScatter,
+        BenchOp::AllGather,
+        BenchOp::Broadcast,
+        BenchOp::P2p,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AllReduce => "all-reduce",
+            Self::ReduceScatter => "reduce-scatter",
+            Self::AllGather => "all-gather",
+            Self::Broadcast => "broadcast",
+            Self::P2p => "p2p",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.name() == s)
+    }
+
+    /// nccl-tests' bus bandwidth factor for `n` ranks.
+    pub fn bus_factor(self, n: usize) -> f64 {
+        let n = n as f64;
+        match self {
+            Self::AllReduce => 2.0 * (n - 1.0) / n,
+            Self::ReduceScatter | Self::AllGather => (n - 1.0) / n,
+            Self::Broadcast | Self::P2p => 1.0,
+        }
+    }
+}
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct BenchSpec {
+    pub ops: Vec<BenchOp>,
+    /// Sizes in bytes (multiples of 4).
+    pub sizes: Vec<usize>,
+    pub iters: usize,
+    pub warmup: usize,
+    pub check: bool,
+    pub reduce: ReduceOp,
+}
+
+/// One table row.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchRow {
+    pub op: &'static str,
+    pub bytes: usize,
+    pub nodes: usize,
+    pub ranks: usize,
+    pub time_us: f64,
+    pub algbw_gbps: f64,
+    pub busbw_gbps: f64,
+    pub wrong: u64,
+    pub iters: usize,
+}
+
+/// The input value of `rank` at element `i` in iteration `it`: small integers, exact sums.
+fn value(rank: usize, it: usize, i: usize) -> f32 {
+    ((rank * 7 + it * 13 + i * 3) % 19) as f32 - 9.0
+}
+
+/// Sum over ranks 0..world of `value(r, it, i)`, via a table over `(it*13 + i*3) % 19`.
+struct SumTable([f32; 19]);
+
+impl SumTable {
+    fn new(world: usize) -> Self {
+        let mut t = [0.0f32; 19];
+        for (c, slot) in t.iter_mut().enumerate() {
+            *slot = (0..world).map(|r| ((r * 7 + c) % 19) as f32 - 9.0).sum();
+        }
+        Self(t)
+    }
+    fn at(&self, it: usize, i: usize) -> f32 {
+        self.0[(it * 13 + i * 3) % 19]
+    }
+}
+
+fn finish(v: f32, reduce: ReduceOp, world: usize) -> f32 {
+    match reduce {
+        ReduceOp::Sum => v,
+        ReduceOp::Mean => v / world as f32,
+    }
+}
+
+fn count_wrong(got: &[f32], want: impl Fn(usize) -> f32) -> u64 {
+    got.iter()
+        .enumerate()
+        .filter(|(i, g)| g.to_bits() != want(*i).to_bits())
+        .count() as u64
+}
+
+/// Runs one op at one size for `iters` (after `warmup`) on this rank; returns the row (the
+/// same on every rank).
+fn run_one(
+    pg: &mut ProcessGroup,
+    op: BenchOp,
+    bytes: usize,
+    spec: &BenchSpec,
+) -> Result<BenchRow, Error> {
+    if bytes % 4 != 0 {
+        return Err(CollectiveError::InvalidCall(format!(
+            "size {bytes} is not a multiple of 4 bytes (f32)"
+        ))
+        .into());
+    }
+    let world = pg.world();
+    let rank = pg.rank();
+    let len = bytes / 4;
+    let sums = SumTable::new(world);
+    let mut times = Vec::with_capacity(spec.iters);
+    let mut wrong = 0u64;
+    for it in 0..spec.warmup + spec.iters {
+        let timed = it >= spec.warmup;
+        // Inputs are made before the barrier so only the collective is timed.
+        let (input, root) = match op {
+            BenchOp::AllGather => {
+                let r = shard_range(len, world, rank);
+                (r.map(|i| value(rank, it, i)).collect::<Vec<_>>(), 0)
+            }
+            BenchOp::Broadcast => {
+                let root = it % world;
+                let v = if rank == root {
+                    (0..len).map(|i| value(rank, it, i)).collect()
+                } else {
+                    vec![f32::NAN; len]
+                };
+                (v, root)
+            }
+            BenchOp::P2p => ((0..2 * len).map(|i| value(rank, it, i)).collect(), 0),
+            _ => ((0..len).map(|i| value(rank, it, i)).collect(), 0),
+        };
+        pg.barrier()?;
+        let t0 = Instant::now();
+        let out = match op {
+            BenchOp::AllReduce => pg.all_reduce(input, spec.reduce).wait()?,
+            BenchOp::ReduceScatter => pg.reduce_scatter(input, spec.reduce).wait()?,
+            BenchOp::AllGather => pg.all_gather(input, len).wait()?,
+            BenchOp::Broadcast => pg.broadcast(input, root).wait()?,
+            BenchOp::P2p => pg.p2p_exchange(input).wait()?,
+        };
+        let dt = t0.elapsed().as_secs_f64();
+        // The slowest rank defines the iteration's time.
+        let mine = pg.shard_range(world);
+        let mut slot = vec![0.0f32; mine.len()];
+        slot.fill(dt as f32);
+        let all = pg.all_gather(slot, world).wait()?;
+        let slowest = all.iter().cloned().fold(0.0f32, f32::max) as f64;
+        if timed {
+            times.push(slowest);
+        }
+        if spec.check && timed {
+            wrong += match op {
+                BenchOp::AllReduce => {
+                    count_wrong(&out, |i| finish(sums.at(it, i), spec.reduce, world))
+                }
+                BenchOp::ReduceScatter => {
+                    let r = shard_range(len, world, rank);
+                    count_wrong(&out, |i| {
+                        finish(sums.at(it, r.start + i), spec.reduce, world)
+                    })
+                }
+                BenchOp::AllGather => {
+                    let mut wrong = 0u64;
+                    for g in 0..world {
+                        let r = shard_range(len, world, g);
+                        wrong += count_wrong(&out[r.clone()], |i| value(g, it, r.start + i));
+                    }
+                    wrong
+                }
+                BenchOp::Broadcast => count_wrong(&out, |i| value(root, it, i)),
+                BenchOp::P2p => 0,
+            };
+        }
+    }
+    // Everyone agrees on the wrong count (sum over ranks).
+    let total_wrong = pg.all_reduce(vec![wrong as f32], ReduceOp::Sum).wait()?[0] as u64;
+    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let t = if times.is_empty() {
+        0.0
+    } else {
+        times[times.len() / 2]
+    };
+    let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+    Ok(BenchRow {
+        op: op.name(),
+        bytes,
+        nodes: pg.table().num_nodes(),
+        ranks: world,
+        time_us: t * 1e6,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * op.bus_factor(world),
+        wrong: total_wrong,
+        iters: spec.iters,
+    })
+}
+
+/// Runs the whole spec on this rank. Every rank of the job must call it with the same spec.
+pub fn run_rank(
+    pg: &mut ProcessGroup,
+    spec: &BenchSpec,
+    mut on_row: impl FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>, Error> {
+    let mut rows = Vec::new();
+    for &op in &spec.ops {
+        for &bytes in &spec.sizes {
+            let row = run_one(pg, op, bytes, spec)?;
+            on_row(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
+
+/// The table header, in nccl-tests' spirit.
+pub fn table_header(nodes: usize, ranks_per_node: &str, world: usize, spec: &BenchSpec) -> String {
+    format!(
+        "# wiretrain bench: {nodes} node(s) x {ranks_per_node} rank(s) = world {world}; iters {} (median), warmup {}, reduce {:?}\n# transport: shared host buffers inside a node, QUIC (TLS 1.3) between nodes\n#\n# {:>14} {:>12} {:>12} {:>12} {:>12} {:>8}\n# {:>14} {:>12} {:>12} {:>12} {:>12} {:>8}",
+        spec.iters,
+        spec.warmup,
+        spec.reduce,
+        "op",
+        "size(B)",
+        "time(us)",
+        "algbw(GB/s)",
+        "busbw(GB/s)",
+        "#wrong",
+        "",
+        "",
+        "",
+        "",
+        "",
+        if spec.check { "" } else { "(n/a)" }
+    )
+}
+
+pub fn table_row(r: &BenchRow, check: bool) -> String {
+    let wrong = if check {
+        r.wrong.to_string()
+    } else {
+        "n/a".into()
+    };
+    format!(
+        "  {:>14} {:>12} {:>12.1} {:>12.3} {:>12.3} {:>8}",
+        r.op, r.bytes, r.time_us, r.algbw_gbps, r.busbw_gbps, wrong
+    )
+}
+
+pub fn table_footer(rows: &[BenchRow]) -> String {
+    let n = rows.iter().filter(|r| r.bytes > 0).count().max(1);
+    let avg: f64 = rows
+        .iter()
+        .filter(|r| r.bytes > 0)
+        .map(|r| r.busbw_gbps)
+        .sum::<f64>()
+        / n as f64;
+    let wrong: u64 = rows.iter().map(|r| r.wrong).sum();
+    format!(
+        "# Out of bounds values : {wrong} {}\n# Avg bus bandwidth    : {avg:.3} GB/s",
+        if wrong == 0 { "OK" } else { "FAILED" }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bus_factors_match_nccl_tests() {
+        assert_eq!(BenchOp::AllReduce.bus_factor(4), 1.5);
+        assert_eq!(BenchOp::AllGather.bus_factor(4), 0.75);
+        assert_eq!(BenchOp::Broadcast.bus_factor(4), 1.0);
+        assert_eq!(BenchOp::AllReduce.bus_factor(1), 0.0);
+        assert_eq!(
+            BenchOp::parse("reduce-scatter"),
+            Some(BenchOp::ReduceScatter)
+        );
+        assert_eq!(BenchOp::parse("nope"), None);
+    }
+
+    #[test]
+    fn sum_table_matches_direct_sum() {
+        for world in [1, 2, 5, 8] {
+            let t = SumTable::new(world);
+            for it in 0..5 {
+                for i in 0..50 {
+                    let direct: f32 = (0..world).map(|r| value(r, it, i)).sum();
+                    assert_eq!(t.at(it, i), direct);
+                }
+            }
+        }
+    }
+}

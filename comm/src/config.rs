@@ -1,0 +1,462 @@
+//! Node configuration: where to rendezvous, what this node hosts, and transport tuning.
+//! Builders in the quinn style (`&mut self -> &mut Self`), defaults from `Default`, and
+//! rendezvous settings read from flags, torchrun-style or Slurm environment variables.
+
+use crate::error::ConfigError;
+use crate::tls::Token;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// QUIC transport tuning. Defaults suit loopback up to 100 GbE with a few ms of RTT: the
+/// windows cover the bandwidth-delay product of 10 Gbit/s at 50 ms.
+#[derive(Debug, Clone)]
+pub struct QuicTuning {
+    pub(crate) stream_window: u64,
+    pub(crate) conn_window: u64,
+    pub(crate) send_window: u64,
+    pub(crate) idle_timeout: Duration,
+    pub(crate) keep_alive: Duration,
+    pub(crate) mtu_upper_bound: u16,
+    pub(crate) udp_buffer_bytes: usize,
+    pub(crate) frame_bytes: usize,
+}
+
+impl Default for QuicTuning {
+    fn default() -> Self {
+        Self {
+            stream_window: 32 << 20,
+            conn_window: 128 << 20,
+            send_window: 128 << 20,
+            idle_timeout: Duration::from_secs(10),
+            keep_alive: Duration::from_secs(1),
+            mtu_upper_bound: 8952,
+            udp_buffer_bytes: 8 << 20,
+            frame_bytes: 1 << 20,
+        }
+    }
+}
+
+impl QuicTuning {
+    /// Per-stream receive window (bytes).
+    pub fn stream_window(&mut self, v: u64) -> &mut Self {
+        self.stream_window = v;
+        self
+    }
+    /// Per-connection receive window (bytes).
+    pub fn conn_window(&mut self, v: u64) -> &mut Self {
+        self.conn_window = v;
+        self
+    }
+    /// Per-connection send buffer (bytes).
+    pub fn send_window(&mut self, v: u64) -> &mut Self {
+        self.send_window = v;
+        self
+    }
+    /// A peer silent for this long is declared dead (keep-alives keep healthy links busy).
+    pub fn idle_timeout(&mut self, v: Duration) -> Result<&mut Self, ConfigError> {
+        if v < Duration::from_millis(500) || v > Duration::from_secs(600) {
+            return Err(ConfigError::Invalid {
+                field: "idle_timeout",
+                reason: format!("{v:?} is outside 0.5 s ..= 600 s"),
+            });
+        }
+        self.idle_timeout = v;
+        self.keep_alive = (v / 4).min(Duration::from_secs(2));
+        Ok(self)
+    }
+    /// Upper bound for path MTU discovery (bytes of UDP payload).
+    pub fn mtu_upper_bound(&mut self, v: u16) -> Result<&mut Self, ConfigError> {
+        if v < 1200 {
+            return Err(ConfigError::Invalid {
+                field: "mtu_upper_bound",
+                reason: format!("{v} is below QUIC's minimum of 1200"),
+            });
+        }
+        self.mtu_upper_bound = v;
+        Ok(self)
+    }
+    /// Payload bytes per data frame (the pipelining unit).
+    pub fn frame_bytes(&mut self, v: usize) -> Result<&mut Self, ConfigError> {
+        if !(4096..=crate::wire::MAX_FRAME_PAYLOAD).contains(&v) || v % 4 != 0 {
+            return Err(ConfigError::Invalid {
+                field: "frame_bytes",
+                reason: format!(
+                    "{v} must be a multiple of 4 in 4096..={}",
+                    crate::wire::MAX_FRAME_PAYLOAD
+                ),
+            });
+        }
+        self.frame_bytes = v;
+        Ok(self)
+    }
+}
+
+/// Everything a node needs to join a job.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub(crate) nnodes: usize,
+    pub(crate) node_rank: Option<usize>,
+    pub(crate) master: SocketAddr,
+    pub(crate) bind: SocketAddr,
+    pub(crate) devices: Vec<String>,
+    pub(crate) token: Token,
+    pub(crate) rendezvous_timeout: Duration,
+    pub(crate) collective_timeout: Duration,
+    pub(crate) addr_file: Option<PathBuf>,
+    pub(crate) quic: QuicTuning,
+    pub(crate) protocol_version_override: Option<u32>,
+}
+
+impl NodeConfig {
+    /// A node of a multi-node job. `node_rank` 0 hosts the coordinator at `master`; other nodes
+    /// may leave it `None` and get one assigned in order of arrival.
+    pub fn new(
+        nnodes: usize,
+        node_rank: Option<usize>,
+        master: SocketAddr,
+        ranks: usize,
+        token: Token,
+    ) -> Result<Self, ConfigError> {
+        if nnodes == 0 {
+            return Err(ConfigError::Invalid {
+                field: "nnodes",
+                reason: "must be at least 1".into(),
+            });
+        }
+        if let Some(r) = node_rank
+            && r >= nnodes
+        {
+            return Err(ConfigError::Invalid {
+                field: "node_rank",
+                reason: format!("{r} is not below nnodes = {nnodes}"),
+            });
+        }
+        if ranks == 0 || ranks > 1024 {
+            return Err(ConfigError::Invalid {
+                field: "ranks_per_node",
+                reason: format!("{ranks} is outside 1..=1024"),
+            });
+        }
+        if token.expose().is_empty() {
+            return Err(ConfigError::Missing {
+                field: "job token",
+                hint: "set WIRETRAIN_TOKEN or pass --token-file",
+            });
+        }
+        let bind = if node_rank == Some(0) {
+            master
+        } else {
+            let ip: std::net::IpAddr = if master.is_ipv4() {
+                std::net::Ipv4Addr::UNSPECIFIED.into()
+            } else {
+                std::net::Ipv6Addr::UNSPECIFIED.into()
+            };
+            SocketAddr::new(ip, 0)
+        };
+        Ok(Self {
+            nnodes,
+            node_rank,
+            master,
+            bind,
+            devices: (0..ranks).map(|i| format!("host:{i}")).collect(),
+            token,
+            rendezvous_timeout: Duration::from_secs(60),
+            collective_timeout: Duration::from_secs(120),
+            addr_file: None,
+            quic: QuicTuning::default(),
+            protocol_version_override: None,
+        })
+    }
+
+    /// A one-node job with `ranks` ranks on loopback.
+    pub fn single_node(ranks: usize, token: Token) -> Self {
+        let mut c = Self::new(1, Some(0), "127.0.0.1:0".parse().unwrap(), ranks, token)
+            .expect("valid single-node config");
+        c.rendezvous_timeout = Duration::from_secs(5);
+        c
+    }
+
+    /// The local address to bind (default: the master address on node 0, any port elsewhere).
+    pub fn bind(&mut self, addr: SocketAddr) -> &mut Self {
+        self.bind = addr;
+        self
+    }
+    /// One description per local rank (its device); sets the rank count.
+    pub fn devices(&mut self, devices: Vec<String>) -> Result<&mut Self, ConfigError> {
+        if devices.is_empty() {
+            return Err(ConfigError::Invalid {
+                field: "devices",
+                reason: "a node hosts at least one rank".into(),
+            });
+        }
+        self.devices = devices;
+        Ok(self)
+    }
+    pub fn rendezvous_timeout(&mut self, v: Duration) -> &mut Self {
+        self.rendezvous_timeout = v;
+        self
+    }
+    pub fn collective_timeout(&mut self, v: Duration) -> &mut Self {
+        self.collective_timeout = v;
+        self
+    }
+    /// Node 0 writes its bound address to this file once it listens (for local launchers).
+    pub fn addr_file(&mut self, p: PathBuf) -> &mut Self {
+        self.addr_file = Some(p);
+        self
+    }
+    /// Announce another protocol version at rendezvous (for testing version checks only).
+    #[doc(hidden)]
+    pub fn protocol_version_override(&mut self, v: u32) -> &mut Self {
+        self.protocol_version_override = Some(v);
+        self
+    }
+    pub fn quic(&mut self) -> &mut QuicTuning {
+        &mut self.quic
+    }
+    pub fn ranks(&self) -> usize {
+        self.devices.len()
+    }
+    pub fn nnodes(&self) -> usize {
+        self.nnodes
+    }
+    pub fn node_rank(&self) -> Option<usize> {
+        self.node_rank
+    }
+    pub fn master(&self) -> SocketAddr {
+        self.master
+    }
+}
+
+/// Rendezvous settings found in the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvRendezvous {
+    /// Where the variables came from ("torchrun" or "slurm").
+    pub source: &'static str,
+    pub master_host: String,
+    pub master_port: u16,
+    pub nnodes: usize,
+    pub node_rank: usize,
+}
+
+impl EnvRendezvous {
+    /// Default port when MASTER_PORT is unset (torchrun's default).
+    pub const DEFAULT_PORT: u16 = 29500;
+
+    /// Reads torchrun-style (MASTER_ADDR, MASTER_PORT, NNODES or WORLD_SIZE, NODE_RANK) or
+    /// Slurm (SLURM_NNODES, SLURM_NODEID, SLURM_JOB_NODELIST) variables. `Ok(None)` when
+    /// neither set is present. WORLD_SIZE counts node processes here: one process per node.
+    pub fn from_env(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, ConfigError> {
+        let num = |field: &'static str, v: String| -> Result<usize, ConfigError> {
+            v.trim().parse().map_err(|_| ConfigError::Invalid {
+                field,
+                reason: format!("{v:?} is not a non-negative integer"),
+            })
+        };
+        let port = match get("MASTER_PORT") {
+            Some(p) => p.trim().parse().map_err(|_| ConfigError::Invalid {
+                field: "MASTER_PORT",
+                reason: format!("{p:?} is not a port number"),
+            })?,
+            None => Self::DEFAULT_PORT,
+        };
+        if let Some(host) = get("MASTER_ADDR") {
+            let nnodes = match (get("NNODES"), get("WORLD_SIZE")) {
+                (Some(n), _) => num("NNODES", n)?,
+                (None, Some(w)) => num("WORLD_SIZE", w)?,
+                (None, None) => {
+                    return Err(ConfigError::Missing {
+                        field: "NNODES",
+                        hint: "MASTER_ADDR is set, so NNODES or WORLD_SIZE must be too",
+                    });
+                }
+            };
+            let node_rank = match get("NODE_RANK").or_else(|| get("GROUP_RANK")) {
+                Some(r) => num("NODE_RANK", r)?,
+                None => {
+                    return Err(ConfigError::Missing {
+                        field: "NODE_RANK",
+                        hint: "MASTER_ADDR is set, so NODE_RANK must be too",
+                    });
+                }
+            };
+            return Self::checked("torchrun", host, port, nnodes, node_rank).map(Some);
+        }
+        if let (Some(n), Some(id), Some(list)) = (
+            get("SLURM_NNODES"),
+            get("SLURM_NODEID"),
+            get("SLURM_JOB_NODELIST"),
+        ) {
+            let host = first_slurm_host(&list).ok_or_else(|| ConfigError::Invalid {
+                field: "SLURM_JOB_NODELIST",
+                reason: format!("cannot read a host name from {list:?}"),
+            })?;
+            return Self::checked(
+                "slurm",
+                host,
+                port,
+                num("SLURM_NNODES", n)?,
+                num("SLURM_NODEID", id)?,
+            )
+            .map(Some);
+        }
+        Ok(None)
+    }
+
+    fn checked(
+        source: &'static str,
+        master_host: String,
+        master_port: u16,
+        nnodes: usize,
+        node_rank: usize,
+    ) -> Result<Self, ConfigError> {
+        if nnodes == 0 || node_rank >= nnodes {
+            return Err(ConfigError::Invalid {
+                field: "NODE_RANK",
+                reason: format!("node rank {node_rank} is not below {nnodes} nodes"),
+            });
+        }
+        Ok(Self {
+            source,
+            master_host,
+            master_port,
+            nnodes,
+            node_rank,
+        })
+    }
+
+    /// Resolves the master host name.
+    pub fn master_addr(&self) -> Result<SocketAddr, ConfigError> {
+        resolve(&format!("{}:{}", self.master_host, self.master_port))
+    }
+}
+
+/// Resolves "host:port" to the first address.
+pub fn resolve(hostport: &str) -> Result<SocketAddr, ConfigError> {
+    hostport
+        .to_socket_addrs()
+        .map_err(|e| ConfigError::Invalid {
+            field: "master",
+            reason: format!("cannot resolve {hostport:?}: {e}"),
+        })?
+        .next()
+        .ok_or_else(|| ConfigError::Invalid {
+            field: "master",
+            reason: format!("{hostport:?} resolves to no address"),
+        })
+}
+
+/// The first host of a Slurm node list such as `gpu[01-04,07],cpu1`: `gpu01`.
+pub fn first_slurm_host(list: &str) -> Option<String> {
+    let list = list.trim();
+    let first_end = {
+        let mut depth = 0;
+        let mut end = list.len();
+        for (i, c) in list.char_indices() {
+            match c {
+                '[' => depth += 1,
+                ']' => depth -= 1,
+                ',' if depth == 0 => {
+                    end = i;
+                    break;
+                }
+                _ => {}
+            }
+        }
+        end
+    };
+    let first = &list[..first_end];
+    let host = match first.find('[') {
+        None => first.to_string(),
+        Some(open) => {
+            let inner = first[open + 1..].trim_end_matches(']');
+            let range = inner.split(',').next()?;
+            let start = range.split('-').next()?;
+            format!("{}{}", &first[..open], start)
+        }
+    };
+    (!host.is_empty()).then_some(host)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let m: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| m.get(k).cloned()
+    }
+
+    #[test]
+    fn torchrun_env() {
+        let e = EnvRendezvous::from_env(env(&[
+            ("MASTER_ADDR", "127.0.0.1"),
+            ("MASTER_PORT", "1234"),
+            ("WORLD_SIZE", "2"),
+            ("NODE_RANK", "1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (e.source, e.nnodes, e.node_rank, e.master_port),
+            ("torchrun", 2, 1, 1234)
+        );
+        assert_eq!(e.master_addr().unwrap(), "127.0.0.1:1234".parse().unwrap());
+        assert!(EnvRendezvous::from_env(env(&[("MASTER_ADDR", "h")])).is_err());
+        assert!(
+            EnvRendezvous::from_env(env(&[
+                ("MASTER_ADDR", "h"),
+                ("NNODES", "2"),
+                ("NODE_RANK", "2")
+            ]))
+            .is_err()
+        );
+        assert!(
+            EnvRendezvous::from_env(env(&[("MASTER_PORT", "x"), ("MASTER_ADDR", "h")])).is_err()
+        );
+        assert_eq!(EnvRendezvous::from_env(env(&[])).unwrap(), None);
+    }
+
+    #[test]
+    fn slurm_env() {
+        let e = EnvRendezvous::from_env(env(&[
+            ("SLURM_NNODES", "4"),
+            ("SLURM_NODEID", "3"),
+            ("SLURM_JOB_NODELIST", "gpu[07-10],cpu1"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            (e.master_host.as_str(), e.nnodes, e.node_rank),
+            ("gpu07", 4, 3)
+        );
+        assert_eq!(e.master_port, EnvRendezvous::DEFAULT_PORT);
+    }
+
+    #[test]
+    fn slurm_lists() {
+        assert_eq!(first_slurm_host("node1").as_deref(), Some("node1"));
+        assert_eq!(first_slurm_host("a[3,5-7],b").as_deref(), Some("a3"));
+        assert_eq!(first_slurm_host("x1,x2").as_deref(), Some("x1"));
+        assert_eq!(first_slurm_host(""), None);
+    }
+
+    #[test]
+    fn config_validation() {
+        let m: SocketAddr = "127.0.0.1:9".parse().unwrap();
+        assert!(NodeConfig::new(0, None, m, 1, "t".into()).is_err());
+        assert!(NodeConfig::new(2, Some(2), m, 1, "t".into()).is_err());
+        assert!(NodeConfig::new(2, Some(1), m, 0, "t".into()).is_err());
+        assert!(NodeConfig::new(2, Some(1), m, 1, "".into()).is_err());
+        let mut c = NodeConfig::new(2, Some(0), m, 2, "t".into()).unwrap();
+        assert_eq!(c.bind, m);
+        assert!(c.quic().mtu_upper_bound(100).is_err());
+        assert!(c.quic().frame_bytes(3).is_err());
+        assert!(c.quic().idle_timeout(Duration::from_millis(1)).is_err());
+    }
+}

@@ -1,0 +1,829 @@
+//! The per-rank handle ([`ProcessGroup`]) and the node that owns the links ([`Node`]).
+//!
+//! Each rank's collectives run in order on the rank's own communication thread, so calls are
+//! non-blocking: they return a [`Work`] handle at once and the caller overlaps compute until it
+//! calls [`Work::wait`]. Every call gets the next sequence number of its group ([`OpId`]); the
+//! number is checked between the ranks of a node and carried in every frame between nodes, so
+//! repeated collectives can never mix.
+//!
+//! Algorithm of every collective (see `algo::layout` for the pieces):
+//! 1. inside the node, local rank l sums its lane's pieces across the node's buffers;
+//! 2. across nodes, lane l runs a ring over its pieces (local rank l of every node, all lanes
+//!    in parallel over their own QUIC streams);
+//! 3. inside the node, every rank copies the other lanes' results.
+//!
+//! With one node this is a pure shared-buffer reduce-scatter/all-gather; with one rank per
+//! node it is a plain ring.
+
+use crate::algo::layout::intersect;
+use crate::algo::{Layout, ring};
+use crate::config::NodeConfig;
+use crate::error::{CollectiveError, Error, RendezvousError, TransportError};
+use crate::rendezvous::{self, Peer};
+use crate::tls::JobIdentity;
+use crate::topology::RankTable;
+use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
+use crate::transport::quic::{self, LaneLinks, RawBuf, RingJob, close_code};
+use quinn::{Endpoint, VarInt};
+use std::fmt;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Reduction applied by all-reduce and reduce-scatter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReduceOp {
+    Sum,
+    /// Sum divided by the world size.
+    Mean,
+}
+
+/// The kinds of collective, with their wire codes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpKind {
+    AllReduce,
+    ReduceScatter,
+    AllGather,
+    Broadcast,
+    Barrier,
+    P2p,
+}
+
+impl OpKind {
+    pub const MAX_CODE: u8 = 6;
+
+    pub fn code(self) -> u8 {
+        match self {
+            Self::AllReduce => 1,
+            Self::ReduceScatter => 2,
+            Self::AllGather => 3,
+            Self::Broadcast => 4,
+            Self::Barrier => 5,
+            Self::P2p => 6,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::AllReduce => "all_reduce",
+            Self::ReduceScatter => "reduce_scatter",
+            Self::AllGather => "all_gather",
+            Self::Broadcast => "broadcast",
+            Self::Barrier => "barrier",
+            Self::P2p => "p2p",
+        }
+    }
+}
+
+/// The identity of one collective call: its kind and the group's sequence number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpId {
+    pub kind: OpKind,
+    pub seq: u64,
+}
+
+impl fmt::Display for OpId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}#{}", self.kind.name(), self.seq)
+    }
+}
+
+/// A collective in flight. `wait` blocks until it completes and hands back the buffer.
+#[must_use = "a collective's result must be waited for"]
+pub struct Work<T> {
+    id: OpId,
+    rank: usize,
+    rx: mpsc::Receiver<Result<T, Error>>,
+}
+
+impl<T> Work<T> {
+    pub fn id(&self) -> OpId {
+        self.id
+    }
+
+    /// Blocks until the collective completes.
+    pub fn wait(self) -> Result<T, Error> {
+        self.rx
+            .recv()
+            .unwrap_or(Err(Error::Collective(CollectiveError::WorkerGone {
+                rank: self.rank,
+            })))
+    }
+
+    /// Returns the result if the collective has completed, or the handle back.
+    pub fn try_wait(self) -> Result<Result<T, Error>, Self> {
+        match self.rx.try_recv() {
+            Ok(r) => Ok(r),
+            Err(mpsc::TryRecvError::Empty) => Err(self),
+            Err(mpsc::TryRecvError::Disconnected) => {
+                Ok(Err(Error::Collective(CollectiveError::WorkerGone {
+                    rank: self.rank,
+                })))
+            }
+        }
+    }
+}
+
+type Job = Box<dyn FnOnce(&mut Executor) + Send>;
+
+/// The handle of one rank: submit collectives here. Owned by the rank's thread.
+pub struct ProcessGroup {
+    rank: usize,
+    local_rank: usize,
+    node: usize,
+    table: Arc<RankTable>,
+    next_seq: u64,
+    tx: Option<mpsc::Sender<Job>>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl fmt::Debug for ProcessGroup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ProcessGroup")
+            .field("rank", &self.rank)
+            .field("world", &self.table.world())
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ProcessGroup {
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+    pub fn local_rank(&self) -> usize {
+        self.local_rank
+    }
+    pub fn node(&self) -> usize {
+        self.node
+    }
+    pub fn world(&self) -> usize {
+        self.table.world()
+    }
+    pub fn table(&self) -> &RankTable {
+        &self.table
+    }
+
+    /// This rank's shard of a buffer of `len` elements (reduce-scatter output, all-gather input).
+    pub fn shard_range(&self, len: usize) -> std::ops::Range<usize> {
+        crate::topology::shard_range(len, self.world(), self.rank)
+    }
+
+    fn submit<T: Send + 'static>(
+        &mut self,
+        kind: OpKind,
+        run: impl FnOnce(&mut Executor, OpId) -> Result<T, Error> + Send + 'static,
+    ) -> Work<T> {
+        self.next_seq += 1;
+        let id = OpId {
+            kind,
+            seq: self.next_seq,
+        };
+        let (rtx, rx) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |ex: &mut Executor| {
+            let _ = rtx.send(run(ex, id));
+        });
+        if let Some(tx) = &self.tx {
+            let _ = tx.send(job);
+        }
+        Work {
+            id,
+            rank: self.rank,
+            rx,
+        }
+    }
+
+    fn invalid<T: Send + 'static>(&mut self, kind: OpKind, why: String) -> Work<T> {
+        self.submit(kind, move |_, _| {
+            Err(CollectiveError::InvalidCall(why).into())
+        })
+    }
+
+    /// Sums (or averages) `buf` across all ranks, in place.
+    pub fn all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
+        self.submit(OpKind::AllReduce, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            ex.collective(id, &mut buf, len, 0, op)?;
+            Ok(buf)
+        })
+    }
+
+    /// Reduces `buf` (the full buffer, used as scratch) across ranks and returns this rank's
+    /// shard, `shard_range(buf.len())`.
+    pub fn reduce_scatter(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
+        let range = self.shard_range(buf.len());
+        self.submit(OpKind::ReduceScatter, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            ex.collective(id, &mut buf, len, 0, op)?;
+            Ok(buf[range].to_vec())
+        })
+    }
+
+    /// Gathers every rank's shard of a `total`-element buffer; `shard` must have
+    /// `shard_range(total).len()` elements.
+    pub fn all_gather(&mut self, shard: Vec<f32>, total: usize) -> Work<Vec<f32>> {
+        let range = self.shard_range(total);
+        if shard.len() != range.len() {
+            let why = format!(
+                "all_gather on rank {}: shard has {} elements, but rank {}'s shard of {total} is {}",
+                self.rank,
+                shard.len(),
+                self.rank,
+                range.len()
+            );
+            return self.invalid(OpKind::AllGather, why);
+        }
+        self.submit(OpKind::AllGather, move |ex, id| {
+            let mut buf = vec![0.0f32; total];
+            buf[range].copy_from_slice(&shard);
+            ex.collective(id, &mut buf, total, 0, ReduceOp::Sum)?;
+            Ok(buf)
+        })
+    }
+
+    /// Copies `root`'s buffer to every rank; all ranks pass buffers of the same length.
+    pub fn broadcast(&mut self, buf: Vec<f32>, root: usize) -> Work<Vec<f32>> {
+        if root >= self.world() {
+            let why = format!(
+                "broadcast root {root} is not below world size {}",
+                self.world()
+            );
+            return self.invalid(OpKind::Broadcast, why);
+        }
+        self.submit(OpKind::Broadcast, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            ex.collective(id, &mut buf, len, root, ReduceOp::Sum)?;
+            Ok(buf)
+        })
+    }
+
+    /// Blocks until every rank has reached the barrier.
+    pub fn barrier(&mut self) -> Result<(), Error> {
+        self.submit(OpKind::Barrier, |ex, id| {
+            let mut one = [0.0f32];
+            ex.collective(id, &mut one, 1, 0, ReduceOp::Sum)
+        })
+        .wait()
+    }
+
+    /// Raw transport measurement: lane owners send the first half of `buf` to the next node
+    /// and receive the second half from the previous node, both directions at once.
+    /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
+    pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
+        self.submit(OpKind::P2p, move |ex, id| {
+            let mut buf = buf;
+            ex.p2p(id, &mut buf)?;
+            Ok(buf)
+        })
+    }
+}
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        self.tx.take();
+        if let Some(w) = self.worker.take() {
+            let _ = w.join();
+        }
+    }
+}
+
+/// What a lane owner runs across nodes.
+enum LaneTask<'a> {
+    Ring(RingJob<'a>),
+    Chain {
+        buf: RawBuf,
+        pieces: &'a [std::ops::Range<usize>],
+        from: Option<usize>,
+        to: Option<usize>,
+    },
+}
+
+/// Closes the node's endpoint with a reason when a rank fails, so every peer learns at once.
+type FailHook = Arc<dyn Fn(String) + Send + Sync>;
+
+/// Runs the collectives of one rank on its communication thread.
+struct Executor {
+    rank: usize,
+    local: usize,
+    node: usize,
+    table: Arc<RankTable>,
+    shared: Arc<NodeShared>,
+    lane: Option<LaneLinks>,
+    rt: tokio::runtime::Handle,
+    timeout: Duration,
+    failed: Option<String>,
+    on_fail: FailHook,
+}
+
+impl Executor {
+    fn fail(&mut self, id: OpId, e: CollectiveError) -> Error {
+        let msg = e.to_string();
+        tracing::error!(rank = self.rank, op = %id, "{msg}");
+        self.failed = Some(msg.clone());
+        self.shared
+            .abort(self.local, format!("rank {}: {msg}", self.rank));
+        (self.on_fail)(format!("rank {} failed: {msg}", self.rank));
+        e.into()
+    }
+
+    fn barrier(&mut self, id: OpId, bytes: usize, deadline: Instant) -> Result<(), Error> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match self.shared.barrier(self.local, left) {
+            Ok(()) => Ok(()),
+            Err(BarrierError::Aborted { rank, reason }) => {
+                let peer = self.table.global_rank(self.node, rank);
+                let e = CollectiveError::PeerFailed {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    rank: self.rank,
+                    peer,
+                    reason,
+                };
+                self.failed = Some(e.to_string());
+                Err(e.into())
+            }
+            Err(BarrierError::Timeout { missing }) => {
+                let missing: Vec<usize> = missing
+                    .iter()
+                    .map(|&l| self.table.global_rank(self.node, l))
+                    .collect();
+                let e = CollectiveError::Timeout {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    timeout: self.timeout,
+                    waiting_for: format!(
+                        "ranks {missing:?} of this node to reach the same collective"
+                    ),
+                };
+                Err(self.fail(id, e))
+            }
+        }
+    }
+
+    fn check_healthy(&self, id: OpId) -> Result<(), Error> {
+        match &self.failed {
+            Some(why) => Err(CollectiveError::PeerFailed {
+                op: id.kind.name(),
+                seq: id.seq,
+                rank: self.rank,
+                peer: self.rank,
+                reason: format!("an earlier collective failed: {why}"),
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a future on the lane with the collective's deadline, mapping failures.
+    fn on_lane(
+        &mut self,
+        id: OpId,
+        bytes: usize,
+        deadline: Instant,
+        task: LaneTask<'_>,
+    ) -> Result<(), Error> {
+        let lane = self.lane.as_mut().expect("lane owner");
+        let progress = lane.progress.clone();
+        let left = deadline.saturating_duration_since(Instant::now());
+        let res = self.rt.block_on(async {
+            match task {
+                LaneTask::Ring(job) => tokio::time::timeout(left, lane.ring(job)).await,
+                LaneTask::Chain {
+                    buf,
+                    pieces,
+                    from,
+                    to,
+                } => {
+                    let code = id.kind.code();
+                    tokio::time::timeout(left, lane.chain(buf, pieces, from, to, code, id.seq))
+                        .await
+                }
+            }
+        });
+        let (step, chunk, from) = progress.waiting();
+        let lane = self.lane.as_ref().expect("lane owner");
+        let waiting_for = format!(
+            "waiting for step {step} frame {chunk} from {}",
+            lane.describe(from)
+        );
+        match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                let err = CollectiveError::Failed {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    waiting_for,
+                    source: Box::new(e.error),
+                };
+                Err(self.fail(id, err))
+            }
+            Err(_) => {
+                let err = CollectiveError::Timeout {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    timeout: self.timeout,
+                    waiting_for,
+                };
+                Err(self.fail(id, err))
+            }
+        }
+    }
+
+    /// The hierarchical collective on a full-length buffer (see the module docs).
+    fn collective(
+        &mut self,
+        id: OpId,
+        buf: &mut [f32],
+        len: usize,
+        arg: usize,
+        reduce: ReduceOp,
+    ) -> Result<(), Error> {
+        self.check_healthy(id)?;
+        let span = tracing::debug_span!("collective", op = %id, rank = self.rank, len);
+        let _g = span.enter();
+        let deadline = Instant::now() + self.timeout;
+        let bytes = len * 4;
+        let table = self.table.clone();
+        let (n, j) = (self.node, self.local);
+        let nn = table.num_nodes();
+        let lay = Layout::new(&table, len);
+        let lanes = lay.lanes();
+        let my_lane = (j < lanes).then_some(j);
+        let k = table.ranks_on(n);
+        let call = Call {
+            seq: id.seq,
+            op: id.kind.code(),
+            len,
+            arg,
+        };
+        self.shared.publish(j, buf, call);
+        self.barrier(id, bytes, deadline)?;
+        let peers = self
+            .shared
+            .peers(j)
+            .map_err(|detail| CollectiveError::Mismatch {
+                seq: id.seq,
+                detail,
+            });
+        let peers = match peers {
+            Ok(p) => p,
+            Err(e) => return Err(self.fail(id, e)),
+        };
+        let raw = RawBuf::new(buf);
+        let next = (n + 1) % nn;
+        let prev = (n + nn - 1) % nn;
+        let world = table.world() as f32;
+        match id.kind {
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Barrier => {
+                if let Some(l) = my_lane {
+                    let pieces = lay.lane_pieces(l);
+                    if k > 1 {
+                        for r in &pieces {
+                            // SAFETY: lane l's pieces are written only by local rank l (me)
+                            // in this phase, and read only by me.
+                            let dst = unsafe { peers.write(j, r.clone()) };
+                            for i in (0..k).filter(|&i| i != j) {
+                                let src = unsafe { peers.read(i, r.clone()) };
+                                dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
+                            }
+                        }
+                    }
+                    if nn > 1 {
+                        let steps = if id.kind == OpKind::ReduceScatter {
+                            ring::reduce_scatter(n, nn)
+                        } else {
+                            ring::all_reduce(n, nn)
+                        };
+                        let job = RingJob {
+                            buf: raw,
+                            pieces: &pieces,
+                            steps: &steps,
+                            next,
+                            prev,
+                            op: id.kind.code(),
+                            seq: id.seq,
+                            step_base: 0,
+                        };
+                        self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
+                    }
+                    if reduce == ReduceOp::Mean {
+                        let owned = if id.kind == OpKind::ReduceScatter {
+                            vec![lay.piece(n, l)]
+                        } else {
+                            pieces.clone()
+                        };
+                        for r in owned {
+                            let dst = unsafe { peers.write(j, r) };
+                            dst.iter_mut().for_each(|x| *x /= world);
+                        }
+                    }
+                }
+                self.barrier(id, bytes, deadline)?;
+                if id.kind == OpKind::ReduceScatter {
+                    let mine = lay.chunk(self.rank);
+                    for l in (0..lanes).filter(|&l| l != j) {
+                        let r = intersect(&mine, &lay.piece(n, l));
+                        copy_from(&peers, l, j, r);
+                    }
+                } else {
+                    for l in (0..lanes).filter(|&l| l != j) {
+                        for r in lay.lane_pieces(l) {
+                            copy_from(&peers, l, j, r);
+                        }
+                    }
+                }
+            }
+            OpKind::AllGather => {
+                if let Some(l) = my_lane {
+                    let first = table.first_rank(n);
+                    let piece = lay.piece(n, l);
+                    for i in (0..k).filter(|&i| i != j) {
+                        let r = intersect(&lay.chunk(first + i), &piece);
+                        copy_from(&peers, i, j, r);
+                    }
+                    if nn > 1 {
+                        let pieces = lay.lane_pieces(l);
+                        let steps = ring::all_gather(n, nn);
+                        let job = RingJob {
+                            buf: raw,
+                            pieces: &pieces,
+                            steps: &steps,
+                            next,
+                            prev,
+                            op: id.kind.code(),
+                            seq: id.seq,
+                            step_base: 0,
+                        };
+                        self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
+                    }
+                }
+                self.barrier(id, bytes, deadline)?;
+                for l in (0..lanes).filter(|&l| l != j) {
+                    for r in lay.lane_pieces(l) {
+                        copy_from(&peers, l, j, r);
+                    }
+                }
+            }
+            OpKind::Broadcast => {
+                let (rn, rl) = table.locate(arg);
+                if let Some(l) = my_lane {
+                    let pieces = lay.lane_pieces(l);
+                    if n == rn && j != rl {
+                        for r in &pieces {
+                            copy_from(&peers, rl, j, r.clone());
+                        }
+                    }
+                    if nn > 1 {
+                        let (recv, send) = ring::chain_role(n, rn, nn);
+                        let from = recv.then_some(prev);
+                        let to = send.then_some(next);
+                        let task = LaneTask::Chain {
+                            buf: raw,
+                            pieces: &pieces,
+                            from,
+                            to,
+                        };
+                        self.on_lane(id, bytes, deadline, task)?;
+                    }
+                }
+                self.barrier(id, bytes, deadline)?;
+                for l in (0..lanes).filter(|&l| l != j) {
+                    for r in lay.lane_pieces(l) {
+                        copy_from(&peers, l, j, r);
+                    }
+                }
+            }
+            OpKind::P2p => unreachable!("p2p has its own path"),
+        }
+        self.barrier(id, bytes, deadline)
+    }
+
+    fn p2p(&mut self, id: OpId, buf: &mut [f32]) -> Result<(), Error> {
+        self.check_healthy(id)?;
+        let nn = self.table.num_nodes();
+        if self.lane.is_none() || nn < 2 {
+            return Ok(());
+        }
+        let half = buf.len() / 2;
+        let pieces = [0..half, half..2 * half];
+        let steps = [ring::RingStep {
+            send: 0,
+            recv: 1,
+            mode: ring::RecvMode::Copy,
+        }];
+        let raw = RawBuf::new(buf);
+        let n = self.node;
+        let job = RingJob {
+            buf: raw,
+            pieces: &pieces,
+            steps: &steps,
+            next: (n + 1) % nn,
+            prev: (n + nn - 1) % nn,
+            op: id.kind.code(),
+            seq: id.seq,
+            step_base: 0,
+        };
+        let deadline = Instant::now() + self.timeout;
+        self.on_lane(id, half * 4, deadline, LaneTask::Ring(job))
+    }
+}
+
+/// Copies elements `r` of local rank `from`'s buffer into local rank `to`'s (`to` is the
+/// calling rank; `from` does not write `r` in this phase).
+fn copy_from(peers: &Peers, from: usize, to: usize, r: std::ops::Range<usize>) {
+    if r.is_empty() || from == to {
+        return;
+    }
+    // SAFETY: per the phase rules, `from` only reads/writes its own lane ranges, which
+    // `r` belongs to and which are final; `to` (me) is the only writer of my copy of `r`.
+    let src = unsafe { peers.read(from, r.clone()) };
+    let dst = unsafe { peers.write(to, r) };
+    dst.copy_from_slice(src);
+}
+
+/// This process's membership in a job: the links to the other nodes and one
+/// [`ProcessGroup`] per local rank.
+pub struct Node {
+    table: Arc<RankTable>,
+    node: usize,
+    endpoint: Endpoint,
+    peers: Vec<Peer>,
+    groups: Vec<ProcessGroup>,
+    runtime: Option<tokio::runtime::Runtime>,
+    shutdown_timeout: Duration,
+    fingerprint: String,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("node", &self.node)
+            .field("table", &self.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// Joins the job (or hosts the coordinator on node 0), connects to every other node and
+    /// starts one communication thread per local rank.
+    pub fn join(cfg: NodeConfig) -> Result<Node, Error> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("wiretrain-net")
+            .enable_all()
+            .build()
+            .map_err(|source| Error::Io {
+                context: "starting the network runtime",
+                source,
+            })?;
+        let identity = JobIdentity::from_token(&cfg.token)?;
+        let fingerprint = identity.fingerprint();
+        let (endpoint, node, table, peers, lanes) = runtime.block_on(async {
+            let ep = quic::endpoint(cfg.bind, &identity, &cfg.quic)?;
+            let local = ep.local_addr().map_err(|source| Error::Io {
+                context: "reading the bound address",
+                source,
+            })?;
+            if let Some(p) = &cfg.addr_file {
+                write_atomically(p, &local.to_string()).map_err(|source| Error::Io {
+                    context: "writing the address file",
+                    source,
+                })?;
+            }
+            tracing::info!(%local, nnodes = cfg.nnodes, fingerprint = %fingerprint, "node endpoint up");
+            let (table, me, peers) = if cfg.node_rank == Some(0) {
+                let (t, p) = rendezvous::coordinate(&ep, &cfg, local).await?;
+                (t, 0, p)
+            } else {
+                let (t, me, p0) = rendezvous::join(&ep, &identity, &cfg).await?;
+                (t, me, vec![p0])
+            };
+            let peers = rendezvous::mesh(&ep, &identity, &cfg, &table, me, peers).await?;
+            let lanes = rendezvous::open_lanes(&cfg, &table, me, &peers).await?;
+            Ok::<_, Error>((ep, me, table, peers, lanes))
+        })?;
+        let table = Arc::new(table);
+        let k = table.ranks_on(node);
+        let shared = Arc::new(NodeShared::new(k));
+        let ep2 = endpoint.clone();
+        let on_fail: FailHook = Arc::new(move |why: String| {
+            let mut why = why.into_bytes();
+            why.truncate(900); // a CONNECTION_CLOSE reason must fit in a packet
+            ep2.close(VarInt::from_u32(close_code::FAILED), &why);
+        });
+        let mut lanes: Vec<Option<LaneLinks>> = lanes.into_iter().map(Some).collect();
+        let mut groups = Vec::with_capacity(k);
+        for local in 0..k {
+            let rank = table.global_rank(node, local);
+            let mut ex = Executor {
+                rank,
+                local,
+                node,
+                table: table.clone(),
+                shared: shared.clone(),
+                lane: lanes.get_mut(local).and_then(Option::take),
+                rt: runtime.handle().clone(),
+                timeout: cfg.collective_timeout,
+                failed: None,
+                on_fail: on_fail.clone(),
+            };
+            let (tx, rx) = mpsc::channel::<Job>();
+            let worker = std::thread::Builder::new()
+                .name(format!("wiretrain-comm-{rank}"))
+                .spawn(move || {
+                    while let Ok(job) = rx.recv() {
+                        job(&mut ex);
+                    }
+                })
+                .map_err(|source| Error::Io {
+                    context: "spawning a communication thread",
+                    source,
+                })?;
+            groups.push(ProcessGroup {
+                rank,
+                local_rank: local,
+                node,
+                table: table.clone(),
+                next_seq: 0,
+                tx: Some(tx),
+                worker: Some(worker),
+            });
+        }
+        Ok(Node {
+            table,
+            node,
+            endpoint,
+            peers,
+            groups,
+            runtime: Some(runtime),
+            shutdown_timeout: cfg.collective_timeout,
+            fingerprint,
+        })
+    }
+
+    pub fn node(&self) -> usize {
+        self.node
+    }
+    pub fn table(&self) -> &RankTable {
+        &self.table
+    }
+    /// Fingerprint of the job certificate (derived from the token; safe to print).
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The process groups of this node's ranks, in local-rank order (once).
+    pub fn take_groups(&mut self) -> Vec<ProcessGroup> {
+        std::mem::take(&mut self.groups)
+    }
+
+    /// Clean shutdown: exchanges goodbyes with every node (so nothing in flight is cut off),
+    /// closes the connections and waits for the endpoint to drain. Drop the process groups
+    /// first.
+    pub fn shutdown(mut self) -> Result<(), Error> {
+        self.groups.clear();
+        let rt = self.runtime.take().expect("runtime present until shutdown");
+        let within = self.shutdown_timeout;
+        let res = rt.block_on(async {
+            let r = rendezvous::goodbye(self.node, &mut self.peers, within).await;
+            let _ = tokio::time::timeout(Duration::from_secs(3), self.endpoint.wait_idle()).await;
+            r
+        });
+        rt.shutdown_timeout(Duration::from_secs(1));
+        res.map_err(|reason| {
+            Error::Rendezvous(RendezvousError::Transport(TransportError::Lost {
+                peer: "peers at shutdown".into(),
+                reason,
+            }))
+        })
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.groups.clear();
+        if let Some(rt) = self.runtime.take() {
+            // Dropped without shutdown (an error path): tell peers at once.
+            self.endpoint.close(
+                VarInt::from_u32(close_code::FAILED),
+                b"node exited without shutdown",
+            );
+            rt.shutdown_timeout(Duration::from_millis(200));
+        }
+    }
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(tmp, path)
+}

@@ -1,0 +1,567 @@
+//! Rendezvous: node 0 hosts a coordinator on its QUIC endpoint; the other nodes join it,
+//! everyone receives the same rank table, then the nodes connect pairwise (a full mesh, the
+//! higher node rank dials) and open one stream per lane and direction.
+//!
+//! Joining exchanges the protocol version, node rank (or none, to be assigned in order of
+//! arrival), the node's listening port and one device description per rank. The job token is
+//! proved by the TLS handshake itself (see `tls`). A node that never arrives makes the
+//! coordinator fail with the list of missing node ranks after the rendezvous timeout, and the
+//! nodes that did join are told why.
+
+use crate::config::NodeConfig;
+use crate::error::{RendezvousError, TransportError, WireError};
+use crate::tls::{JobIdentity, SERVER_NAME};
+use crate::topology::{NodeInfo, RankTable};
+use crate::transport::quic::{LaneLinks, close_code, describe_conn_error};
+use crate::wire::{
+    PROTOCOL_VERSION, STREAM_HEADER_LEN, StreamHeader, control_len, decode_control, encode_control,
+};
+use quinn::{Connection, Endpoint, RecvStream, SendStream, VarInt};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::time::{Instant, timeout_at};
+
+/// Control messages on the control stream of each connection.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Control {
+    Hello {
+        version: u32,
+        node_rank: Option<usize>,
+        nnodes: usize,
+        listen_ip: Option<IpAddr>,
+        listen_port: u16,
+        devices: Vec<String>,
+    },
+    Welcome {
+        node: usize,
+        table: RankTable,
+    },
+    Refused {
+        reason: String,
+    },
+    PeerHello {
+        version: u32,
+        node: usize,
+    },
+    Goodbye,
+}
+
+/// An established link to another node, with its control stream.
+pub struct Peer {
+    pub node: usize,
+    pub conn: Connection,
+    pub ctrl_send: SendStream,
+    pub ctrl_recv: RecvStream,
+}
+
+/// What rendezvous produces for a node.
+pub struct Joined {
+    pub node: usize,
+    pub table: RankTable,
+    pub peers: Vec<Peer>,
+    pub lanes: Vec<LaneLinks>,
+}
+
+pub async fn send_control(s: &mut SendStream, m: &Control) -> Result<(), String> {
+    s.write_all(&encode_control(m))
+        .await
+        .map_err(|e| format!("control write failed: {e}"))
+}
+
+pub async fn recv_control(r: &mut RecvStream) -> Result<Control, String> {
+    let mut p = [0u8; 4];
+    r.read_exact(&mut p)
+        .await
+        .map_err(|e| format!("control read failed: {e}"))?;
+    let len = control_len(p).map_err(|e| e.to_string())?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)
+        .await
+        .map_err(|e| format!("control read failed: {e}"))?;
+    decode_control(&body).map_err(|e: WireError| e.to_string())
+}
+
+/// Connects to `addr`, retrying until `deadline`; a certificate mismatch is final.
+pub async fn dial(
+    ep: &Endpoint,
+    identity: &JobIdentity,
+    cfg: &NodeConfig,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<Connection, RendezvousError> {
+    let mut last: String;
+    loop {
+        let mismatch = Arc::new(AtomicBool::new(false));
+        let mut cc = quinn::ClientConfig::new(Arc::new(identity.client_config(mismatch.clone())?));
+        cc.transport_config(Arc::new(crate::transport::quic::transport_config(
+            &cfg.quic,
+        )));
+        match ep.connect_with(cc, addr, SERVER_NAME) {
+            Ok(connecting) => match timeout_at(deadline, connecting).await {
+                Ok(Ok(c)) => return Ok(c),
+                Ok(Err(e)) => {
+                    if mismatch.load(Ordering::SeqCst) {
+                        return Err(RendezvousError::WrongToken { addr });
+                    }
+                    last = describe_conn_error(&e);
+                }
+                Err(_) => last = "handshake timed out".into(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() + Duration::from_millis(200) >= deadline {
+            return Err(RendezvousError::Unreachable {
+                addr,
+                timeout: cfg.rendezvous_timeout,
+                last_error: last,
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A joiner that reached the coordinator and said hello.
+struct Arrival {
+    conn: Connection,
+    send: SendStream,
+    recv: RecvStream,
+    hello: Control,
+}
+
+async fn refuse(send: &mut SendStream, conn: &Connection, reason: &str) {
+    let _ = send_control(
+        send,
+        &Control::Refused {
+            reason: reason.into(),
+        },
+    )
+    .await;
+    let _ = send.finish();
+    // Give the message a moment to leave before the close overtakes it.
+    let _ = tokio::time::timeout(Duration::from_millis(500), send.stopped()).await;
+    conn.close(VarInt::from_u32(close_code::REFUSED), reason.as_bytes());
+}
+
+/// Runs the coordinator on node 0 until every node has joined or the timeout passes.
+pub async fn coordinate(
+    ep: &Endpoint,
+    cfg: &NodeConfig,
+    own_addr: SocketAddr,
+) -> Result<(RankTable, Vec<Peer>), RendezvousError> {
+    let deadline = Instant::now() + cfg.rendezvous_timeout;
+    let expected = cfg.nnodes - 1;
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Arrival>(64);
+    let mut by_rank: BTreeMap<usize, (Arrival, NodeInfo)> = BTreeMap::new();
+    let mut unassigned: Vec<(Arrival, NodeInfo)> = Vec::new();
+    let version = cfg.protocol_version_override.unwrap_or(PROTOCOL_VERSION);
+    while by_rank.len() + unassigned.len() < expected {
+        tokio::select! {
+            incoming = ep.accept() => {
+                let Some(incoming) = incoming else { break };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let remote = incoming.remote_address();
+                    let conn = match tokio::time::timeout(Duration::from_secs(10), incoming).await {
+                        Ok(Ok(c)) => c,
+                        Ok(Err(e)) => {
+                            tracing::warn!(%remote, "refused a connection at rendezvous: {} (wrong job token?)", describe_conn_error(&e));
+                            return;
+                        }
+                        Err(_) => { tracing::warn!(%remote, "handshake timed out at rendezvous"); return; }
+                    };
+                    let Ok(Ok((send, mut recv))) = tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await else {
+                        tracing::warn!(%remote, "peer opened no control stream");
+                        return;
+                    };
+                    match tokio::time::timeout(Duration::from_secs(10), recv_control(&mut recv)).await {
+                        Ok(Ok(hello)) => { let _ = tx.send(Arrival { conn, send, recv, hello }).await; }
+                        Ok(Err(e)) => {
+                            tracing::warn!(%remote, "bad hello: {e}");
+                            conn.close(VarInt::from_u32(close_code::PROTOCOL), format!("bad hello: {e}").as_bytes());
+                        }
+                        Err(_) => tracing::warn!(%remote, "no hello within 10 s"),
+                    }
+                });
+            }
+            Some(mut a) = rx.recv() => {
+                let Control::Hello { version: v, node_rank, nnodes, listen_ip, listen_port, devices } = a.hello.clone() else {
+                    refuse(&mut a.send, &a.conn, "expected a Hello message").await;
+                    continue;
+                };
+                let reject = if v != version {
+                    Some(format!("protocol version mismatch: this coordinator speaks version {version}, the joining node version {v}; run the same wiretrain release on every node"))
+                } else if nnodes != cfg.nnodes {
+                    Some(format!("node count mismatch: the coordinator expects {} nodes, the joining node was told {nnodes}", cfg.nnodes))
+                } else if node_rank == Some(0) {
+                    Some("node rank 0 is the coordinator itself".to_string())
+                } else if let Some(r) = node_rank.filter(|r| by_rank.contains_key(r)) {
+                    Some(format!("node rank {r} has already joined"))
+                } else if devices.is_empty() || devices.len() > 1024 {
+                    Some(format!("a node must host 1..=1024 ranks, not {}", devices.len()))
+                } else {
+                    None
+                };
+                if let Some(reason) = reject {
+                    tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
+                    refuse(&mut a.send, &a.conn, &reason).await;
+                    continue;
+                }
+                let ip = listen_ip.filter(|ip| !ip.is_unspecified()).unwrap_or(a.conn.remote_address().ip());
+                let info = NodeInfo { node: node_rank.unwrap_or(usize::MAX), addr: SocketAddr::new(ip, listen_port), devices };
+                tracing::info!(node = ?node_rank, addr = %info.addr, ranks = info.devices.len(), "node joined");
+                match node_rank {
+                    Some(r) => { by_rank.insert(r, (a, info)); }
+                    None => unassigned.push((a, info)),
+                }
+            }
+            _ = tokio::time::sleep_until(deadline) => {
+                let joined = by_rank.len() + unassigned.len();
+                let missing: Vec<usize> = (1..cfg.nnodes).filter(|r| !by_rank.contains_key(r)).skip(unassigned.len()).collect();
+                let err = RendezvousError::Timeout { timeout: cfg.rendezvous_timeout, joined: joined + 1, expected: cfg.nnodes, missing };
+                let reason = err.to_string();
+                for (mut a, _) in by_rank.into_values().chain(unassigned) {
+                    refuse(&mut a.send, &a.conn, &reason).await;
+                }
+                return Err(err);
+            }
+        }
+    }
+    // Assign free node ranks to nodes that did not ask for one, in order of arrival.
+    let free: Vec<usize> = (1..cfg.nnodes)
+        .filter(|r| !by_rank.contains_key(r))
+        .collect();
+    for (r, (a, info)) in free.into_iter().zip(unassigned) {
+        by_rank.insert(r, (a, info));
+    }
+    let mut nodes = vec![NodeInfo {
+        node: 0,
+        addr: own_addr,
+        devices: cfg.devices.clone(),
+    }];
+    for (&r, (_, info)) in &by_rank {
+        nodes.push(NodeInfo {
+            node: r,
+            ..info.clone()
+        });
+    }
+    let table = RankTable::new(nodes).map_err(|reason| RendezvousError::Refused { reason })?;
+    let mut peers = Vec::new();
+    for (r, (mut a, _)) in by_rank {
+        send_control(
+            &mut a.send,
+            &Control::Welcome {
+                node: r,
+                table: table.clone(),
+            },
+        )
+        .await
+        .map_err(|reason| RendezvousError::Mesh { node: r, reason })?;
+        peers.push(Peer {
+            node: r,
+            conn: a.conn,
+            ctrl_send: a.send,
+            ctrl_recv: a.recv,
+        });
+    }
+    Ok((table, peers))
+}
+
+/// Joins the coordinator at `cfg.master`; returns the table, this node's rank and its link
+/// to node 0.
+pub async fn join(
+    ep: &Endpoint,
+    identity: &JobIdentity,
+    cfg: &NodeConfig,
+) -> Result<(RankTable, usize, Peer), RendezvousError> {
+    let start = Instant::now();
+    let conn = dial(
+        ep,
+        identity,
+        cfg,
+        cfg.master,
+        start + cfg.rendezvous_timeout,
+    )
+    .await?;
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| TransportError::Connect {
+        peer: format!("coordinator at {}", cfg.master),
+        reason: describe_conn_error(&e),
+    })?;
+    let local = ep.local_addr().map_err(|e| TransportError::Connect {
+        peer: "local endpoint".into(),
+        reason: e.to_string(),
+    })?;
+    let hello = Control::Hello {
+        version: cfg.protocol_version_override.unwrap_or(PROTOCOL_VERSION),
+        node_rank: cfg.node_rank,
+        nnodes: cfg.nnodes,
+        listen_ip: Some(local.ip()),
+        listen_port: local.port(),
+        devices: cfg.devices.clone(),
+    };
+    send_control(&mut send, &hello)
+        .await
+        .map_err(|reason| RendezvousError::Refused { reason })?;
+    // The coordinator answers once every node is in, or when its own timeout passes.
+    let wait = start + cfg.rendezvous_timeout * 2 + Duration::from_secs(5);
+    let reply = match timeout_at(wait, recv_control(&mut recv)).await {
+        Ok(Ok(m)) => m,
+        Ok(Err(e)) => {
+            let why = conn
+                .close_reason()
+                .map(|c| describe_conn_error(&c))
+                .unwrap_or(e);
+            return Err(RendezvousError::Refused { reason: why });
+        }
+        Err(_) => {
+            return Err(RendezvousError::Refused {
+                reason: "the coordinator sent no rank table in time".into(),
+            });
+        }
+    };
+    match reply {
+        Control::Welcome { node, table } => {
+            if node == 0 || node >= table.num_nodes() || table.ranks_on(node) != cfg.devices.len() {
+                return Err(RendezvousError::Refused {
+                    reason: format!("inconsistent rank table for node {node}"),
+                });
+            }
+            Ok((
+                table,
+                node,
+                Peer {
+                    node: 0,
+                    conn,
+                    ctrl_send: send,
+                    ctrl_recv: recv,
+                },
+            ))
+        }
+        Control::Refused { reason } => Err(RendezvousError::Refused { reason }),
+        other => Err(RendezvousError::Refused {
+            reason: format!("unexpected reply {other:?}"),
+        }),
+    }
+}
+
+/// Connects this node to every other node (beyond node 0, which rendezvous already linked).
+pub async fn mesh(
+    ep: &Endpoint,
+    identity: &JobIdentity,
+    cfg: &NodeConfig,
+    table: &RankTable,
+    me: usize,
+    mut peers: Vec<Peer>,
+) -> Result<Vec<Peer>, RendezvousError> {
+    let deadline = Instant::now() + cfg.rendezvous_timeout;
+    // Dial every lower node except 0.
+    for m in 1..me {
+        let addr = table.nodes()[m].addr;
+        let conn =
+            dial(ep, identity, cfg, addr, deadline)
+                .await
+                .map_err(|e| RendezvousError::Mesh {
+                    node: m,
+                    reason: e.to_string(),
+                })?;
+        let (mut send, recv) = conn.open_bi().await.map_err(|e| RendezvousError::Mesh {
+            node: m,
+            reason: describe_conn_error(&e),
+        })?;
+        send_control(
+            &mut send,
+            &Control::PeerHello {
+                version: PROTOCOL_VERSION,
+                node: me,
+            },
+        )
+        .await
+        .map_err(|reason| RendezvousError::Mesh { node: m, reason })?;
+        peers.push(Peer {
+            node: m,
+            conn,
+            ctrl_send: send,
+            ctrl_recv: recv,
+        });
+    }
+    // Accept every higher node (node 0 got them all at rendezvous).
+    if me != 0 {
+        let mut waiting: Vec<usize> = (me + 1..table.num_nodes()).collect();
+        while !waiting.is_empty() {
+            let incoming = match timeout_at(deadline, ep.accept()).await {
+                Ok(Some(i)) => i,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(RendezvousError::Mesh {
+                        node: waiting[0],
+                        reason: format!("never connected (still waiting for nodes {waiting:?})"),
+                    });
+                }
+            };
+            let remote = incoming.remote_address();
+            let conn = match timeout_at(deadline, incoming).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => {
+                    tracing::warn!(%remote, "refused a mesh connection: {}", describe_conn_error(&e));
+                    continue;
+                }
+                Err(_) => continue,
+            };
+            let Ok(Ok((send, mut recv))) = timeout_at(deadline, conn.accept_bi()).await else {
+                continue;
+            };
+            match timeout_at(deadline, recv_control(&mut recv)).await {
+                Ok(Ok(Control::PeerHello { version, node }))
+                    if version == PROTOCOL_VERSION && waiting.contains(&node) =>
+                {
+                    waiting.retain(|&w| w != node);
+                    peers.push(Peer {
+                        node,
+                        conn,
+                        ctrl_send: send,
+                        ctrl_recv: recv,
+                    });
+                }
+                other => {
+                    tracing::warn!(%remote, "unexpected mesh hello: {other:?}");
+                    conn.close(
+                        VarInt::from_u32(close_code::PROTOCOL),
+                        b"unexpected mesh hello",
+                    );
+                }
+            }
+        }
+    }
+    peers.sort_by_key(|p| p.node);
+    Ok(peers)
+}
+
+/// Opens one unidirectional stream per lane to every peer and accepts theirs.
+pub async fn open_lanes(
+    cfg: &NodeConfig,
+    table: &RankTable,
+    me: usize,
+    peers: &[Peer],
+) -> Result<Vec<LaneLinks>, RendezvousError> {
+    let lanes = table.lanes();
+    let mut links: Vec<LaneLinks> = (0..lanes)
+        .map(|l| LaneLinks::new(l, cfg.quic.frame_bytes))
+        .collect();
+    let deadline = Instant::now() + cfg.rendezvous_timeout;
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in peers {
+        for l in &mut links {
+            l.add_peer(p.node, p.conn.clone(), table.describe_node(p.node));
+        }
+        let conn = p.conn.clone();
+        let node = p.node;
+        tasks.spawn(async move {
+            let mut sends = Vec::new();
+            for lane in 0..lanes {
+                let mut s = conn
+                    .open_uni()
+                    .await
+                    .map_err(|e| (node, describe_conn_error(&e)))?;
+                let h = StreamHeader {
+                    lane: lane as u32,
+                    from_node: me as u32,
+                };
+                s.write_all(&h.encode())
+                    .await
+                    .map_err(|e| (node, e.to_string()))?;
+                sends.push((lane, s));
+            }
+            let mut recvs: HashMap<usize, RecvStream> = HashMap::new();
+            while recvs.len() < lanes {
+                let mut r = conn
+                    .accept_uni()
+                    .await
+                    .map_err(|e| (node, describe_conn_error(&e)))?;
+                let mut hb = [0u8; STREAM_HEADER_LEN];
+                r.read_exact(&mut hb)
+                    .await
+                    .map_err(|e| (node, e.to_string()))?;
+                let h = StreamHeader::decode(&hb).map_err(|e| (node, e.to_string()))?;
+                let lane = h.lane as usize;
+                if h.from_node as usize != node || lane >= lanes || recvs.contains_key(&lane) {
+                    let why = format!("bad lane stream header {h:?}");
+                    conn.close(VarInt::from_u32(close_code::PROTOCOL), why.as_bytes());
+                    return Err((node, why));
+                }
+                recvs.insert(lane, r);
+            }
+            Ok::<_, (usize, String)>((node, sends, recvs))
+        });
+    }
+    while let Some(res) = match timeout_at(deadline, tasks.join_next()).await {
+        Ok(r) => r,
+        Err(_) => {
+            return Err(RendezvousError::Mesh {
+                node: usize::MAX,
+                reason: "lane streams not opened in time".into(),
+            });
+        }
+    } {
+        let (node, sends, recvs) = res
+            .map_err(|e| RendezvousError::Mesh {
+                node: usize::MAX,
+                reason: e.to_string(),
+            })?
+            .map_err(|(node, reason)| RendezvousError::Mesh { node, reason })?;
+        for (lane, s) in sends {
+            links[lane].add_send(node, s);
+        }
+        for (lane, r) in recvs {
+            links[lane].add_recv(node, r);
+        }
+    }
+    Ok(links)
+}
+
+/// Says goodbye to every peer so no data in flight is cut off, then closes the connections.
+///
+/// For each pair the lower node rank says goodbye first; the higher answers only after it has
+/// read that goodbye; the lower closes only after it has read the answer (so both goodbyes were
+/// delivered), and the higher waits for that close. Every wait is bounded by `within`.
+pub async fn goodbye(me: usize, peers: &mut [Peer], within: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + within;
+    let mut errors = Vec::new();
+    let expect_goodbye = |r: Result<Result<Control, String>, tokio::time::error::Elapsed>| match r {
+        Ok(Ok(Control::Goodbye)) => Ok(()),
+        Ok(Ok(other)) => Err(format!("expected goodbye, got {other:?}")),
+        Ok(Err(e)) => Err(e),
+        Err(_) => Err(format!("no goodbye within {within:?}")),
+    };
+    for p in peers.iter_mut().filter(|p| me < p.node) {
+        if let Err(e) = send_control(&mut p.ctrl_send, &Control::Goodbye).await {
+            errors.push(format!("node {}: {e}", p.node));
+        }
+    }
+    for p in peers.iter_mut().filter(|p| me > p.node) {
+        let r = expect_goodbye(timeout_at(deadline, recv_control(&mut p.ctrl_recv)).await);
+        let r = match r {
+            Ok(()) => send_control(&mut p.ctrl_send, &Control::Goodbye).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            errors.push(format!("node {}: {e}", p.node));
+        }
+    }
+    for p in peers.iter_mut().filter(|p| me < p.node) {
+        if let Err(e) = expect_goodbye(timeout_at(deadline, recv_control(&mut p.ctrl_recv)).await) {
+            errors.push(format!("node {}: {e}", p.node));
+        }
+        p.conn.close(VarInt::from_u32(close_code::DONE), b"done");
+    }
+    for p in peers.iter_mut().filter(|p| me > p.node) {
+        let _ = timeout_at(deadline, p.conn.closed()).await;
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors.join("; "))
+    }
+}

@@ -1,0 +1,5 @@
+//! Transports: shared host buffers between the rank threads of one node ([`local`]), and QUIC
+//! lanes between nodes ([`quic`]). Both only execute what `algo` plans.
+
+pub mod local;
+pub mod quic;

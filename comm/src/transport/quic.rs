@@ -1,0 +1,483 @@
+//! QUIC between nodes: one connection per node pair (quinn, mutual TLS 1.3 pinned to the job
+//! certificate), and per connection one unidirectional stream per lane and direction. A lane is
+//! the cross-node ring of one local rank; its streams carry data frames (`wire`) that the
+//! receiver validates against the frame the schedule expects next.
+//!
+//! Executing a ring step list runs a sender and a receiver concurrently on the lane: the
+//! receiver reduces or copies each frame into the buffer as it arrives and publishes its
+//! progress; the sender forwards a frame as soon as the frame it depends on has landed. Frames
+//! (1 MiB by default) pipeline the ring the way NCCL's slices do.
+
+use crate::algo::{RecvMode, RingStep};
+use crate::config::QuicTuning;
+use crate::error::{TransportError, WireError};
+use crate::tls::JobIdentity;
+use crate::wire::{FRAME_HEADER_LEN, FrameHeader, WireDtype};
+use quinn::{Connection, ConnectionError, Endpoint, RecvStream, SendStream, VarInt};
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Application error codes used when closing connections.
+pub mod close_code {
+    pub const DONE: u32 = 0;
+    pub const FAILED: u32 = 1;
+    pub const PROTOCOL: u32 = 2;
+    pub const REFUSED: u32 = 3;
+}
+
+/// Builds the QUIC endpoint of a node: a server (others connect to it) that can also dial.
+pub fn endpoint(
+    bind: SocketAddr,
+    identity: &JobIdentity,
+    tuning: &QuicTuning,
+) -> Result<Endpoint, TransportError> {
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(identity.server_config()?));
+    server.transport_config(Arc::new(transport_config(tuning)));
+    let socket = std::net::UdpSocket::bind(bind)
+        .map_err(|source| TransportError::Bind { addr: bind, source })?;
+    {
+        // Larger socket buffers absorb bursts at high rates; the kernel caps them silently.
+        let s = socket2::SockRef::from(&socket);
+        let _ = s.set_recv_buffer_size(tuning.udp_buffer_bytes);
+        let _ = s.set_send_buffer_size(tuning.udp_buffer_bytes);
+    }
+    let runtime = quinn::default_runtime().ok_or_else(|| TransportError::Bind {
+        addr: bind,
+        source: std::io::Error::other("no tokio runtime"),
+    })?;
+    Endpoint::new(
+        quinn::EndpointConfig::default(),
+        Some(server),
+        socket,
+        runtime,
+    )
+    .map_err(|source| TransportError::Bind { addr: bind, source })
+}
+
+/// The transport parameters both sides use.
+pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
+    let mut c = quinn::TransportConfig::default();
+    c.stream_receive_window(VarInt::from_u64(t.stream_window).unwrap_or(VarInt::MAX))
+        .receive_window(VarInt::from_u64(t.conn_window).unwrap_or(VarInt::MAX))
+        .send_window(t.send_window)
+        .max_concurrent_uni_streams(VarInt::from_u32(1024))
+        .max_concurrent_bidi_streams(VarInt::from_u32(16))
+        .keep_alive_interval(Some(t.keep_alive))
+        .max_idle_timeout(Some(
+            t.idle_timeout
+                .try_into()
+                .expect("idle timeout validated by QuicTuning"),
+        ));
+    let mut mtu = quinn::MtuDiscoveryConfig::default();
+    mtu.upper_bound(t.mtu_upper_bound);
+    c.mtu_discovery_config(Some(mtu));
+    c
+}
+
+/// Describes why a connection ended, in words a user can act on.
+pub fn describe_conn_error(e: &ConnectionError) -> String {
+    match e {
+        ConnectionError::ApplicationClosed(c) => format!(
+            "peer closed the connection: {} (code {})",
+            String::from_utf8_lossy(&c.reason),
+            c.error_code
+        ),
+        ConnectionError::TimedOut => {
+            "no packets within the idle timeout (peer process dead or unreachable)".into()
+        }
+        ConnectionError::LocallyClosed => "this node closed the connection".into(),
+        ConnectionError::Reset => "peer reset the connection (it restarted?)".into(),
+        other => other.to_string(),
+    }
+}
+
+/// A raw view of a rank's buffer shared by a lane's sender and receiver.
+#[derive(Clone, Copy)]
+pub struct RawBuf {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: the sender reads only ranges the receiver has finished writing (progress counter),
+// and the receiver writes ranges the sender does not read in the same step.
+unsafe impl Send for RawBuf {}
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    pub fn new(buf: &mut [f32]) -> Self {
+        Self {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
+    }
+
+    /// # Safety
+    /// Nobody writes `r` while the slice lives.
+    unsafe fn read(&self, r: Range<usize>) -> &[f32] {
+        assert!(r.end <= self.len);
+        unsafe { std::slice::from_raw_parts(self.ptr.add(r.start), r.len()) }
+    }
+
+    /// # Safety
+    /// Nobody else reads or writes `r` while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn write(&self, r: Range<usize>) -> &mut [f32] {
+        assert!(r.end <= self.len);
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len()) }
+    }
+}
+
+/// Where a lane stands, for error messages ("waiting for ...").
+#[derive(Debug, Default)]
+pub struct LaneProgress {
+    recv_step: AtomicU64,
+    recv_chunk: AtomicU64,
+    recv_from: AtomicU64,
+}
+
+impl LaneProgress {
+    fn set(&self, step: u32, chunk: u32, from: usize) {
+        self.recv_step.store(step.into(), Ordering::Relaxed);
+        self.recv_chunk.store(chunk.into(), Ordering::Relaxed);
+        self.recv_from.store(from as u64, Ordering::Relaxed);
+    }
+
+    /// (step, chunk, node) of the frame the lane waits for.
+    pub fn waiting(&self) -> (u64, u64, usize) {
+        (
+            self.recv_step.load(Ordering::Relaxed),
+            self.recv_chunk.load(Ordering::Relaxed),
+            self.recv_from.load(Ordering::Relaxed) as usize,
+        )
+    }
+}
+
+/// A lane failure: which node it involved and what went wrong.
+#[derive(Debug)]
+pub struct LaneError {
+    pub node: usize,
+    pub error: TransportError,
+}
+
+/// The streams of one lane to and from every other node.
+pub struct LaneLinks {
+    pub lane: usize,
+    send: HashMap<usize, SendStream>,
+    recv: HashMap<usize, RecvStream>,
+    peers: HashMap<usize, (Connection, String)>,
+    frame_elems: usize,
+    scratch: Vec<f32>,
+    pub progress: Arc<LaneProgress>,
+}
+
+/// One ring pass to execute on a lane.
+pub struct RingJob<'a> {
+    pub buf: RawBuf,
+    pub pieces: &'a [Range<usize>],
+    pub steps: &'a [RingStep],
+    pub next: usize,
+    pub prev: usize,
+    pub op: u8,
+    pub seq: u64,
+    pub step_base: u32,
+}
+
+fn frames(r: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
+    let n = r.len().div_ceil(per).max(1);
+    (0..n).map(move |i| {
+        let s = r.start + i * per;
+        s..(s + per).min(r.end).max(s)
+    })
+}
+
+fn frame_count(r: &Range<usize>, per: usize) -> usize {
+    r.len().div_ceil(per).max(1)
+}
+
+impl LaneLinks {
+    pub fn new(lane: usize, frame_bytes: usize) -> Self {
+        Self {
+            lane,
+            send: HashMap::new(),
+            recv: HashMap::new(),
+            peers: HashMap::new(),
+            frame_elems: frame_bytes / 4,
+            scratch: Vec::new(),
+            progress: Arc::default(),
+        }
+    }
+
+    pub fn add_peer(&mut self, node: usize, conn: Connection, desc: String) {
+        self.peers.insert(node, (conn, desc));
+    }
+    pub fn add_send(&mut self, node: usize, s: SendStream) {
+        self.send.insert(node, s);
+    }
+    pub fn add_recv(&mut self, node: usize, r: RecvStream) {
+        self.recv.insert(node, r);
+    }
+
+    /// Human description of a peer node.
+    pub fn describe(&self, node: usize) -> String {
+        self.peers
+            .get(&node)
+            .map(|p| p.1.clone())
+            .unwrap_or_else(|| format!("node {node}"))
+    }
+
+    fn lost(&self, node: usize, e: &ConnectionError) -> LaneError {
+        LaneError {
+            node,
+            error: TransportError::Lost {
+                peer: self.describe(node),
+                reason: describe_conn_error(e),
+            },
+        }
+    }
+
+    fn protocol(&self, node: usize, e: WireError) -> LaneError {
+        if let Some((c, _)) = self.peers.get(&node) {
+            let reason = format!("protocol violation: {e}");
+            c.close(VarInt::from_u32(close_code::PROTOCOL), reason.as_bytes());
+        }
+        LaneError {
+            node,
+            error: TransportError::Protocol {
+                peer: self.describe(node),
+                source: e,
+            },
+        }
+    }
+
+    fn write_err(&self, node: usize, e: quinn::WriteError) -> LaneError {
+        match e {
+            quinn::WriteError::ConnectionLost(c) => self.lost(node, &c),
+            other => LaneError {
+                node,
+                error: TransportError::Lost {
+                    peer: self.describe(node),
+                    reason: format!("lane stream write failed: {other}"),
+                },
+            },
+        }
+    }
+
+    fn read_err(&self, node: usize, e: quinn::ReadExactError) -> LaneError {
+        match e {
+            quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(c)) => {
+                self.lost(node, &c)
+            }
+            other => LaneError {
+                node,
+                error: TransportError::Lost {
+                    peer: self.describe(node),
+                    reason: format!("lane stream read failed: {other}"),
+                },
+            },
+        }
+    }
+
+    fn missing(&self, node: usize) -> LaneError {
+        LaneError {
+            node,
+            error: TransportError::Lost {
+                peer: self.describe(node),
+                reason: format!("no lane {} stream to this node", self.lane),
+            },
+        }
+    }
+
+    /// Executes a ring step list: sends to `next`, receives from `prev`, concurrently.
+    pub async fn ring(&mut self, job: RingJob<'_>) -> Result<(), LaneError> {
+        let per = self.frame_elems;
+        if self.scratch.len() < per {
+            self.scratch.resize(per, 0.0);
+        }
+        // recv_prefix[s] = frames received once step s has completed.
+        let mut recv_prefix = Vec::with_capacity(job.steps.len());
+        let mut acc = 0usize;
+        for st in job.steps {
+            acc += frame_count(&job.pieces[st.recv], per);
+            recv_prefix.push(acc);
+        }
+        let (tx, rx) = tokio::sync::watch::channel(0usize);
+        if !self.send.contains_key(&job.next) {
+            return Err(self.missing(job.next));
+        }
+        if !self.recv.contains_key(&job.prev) {
+            return Err(self.missing(job.prev));
+        }
+        // Split borrows: the sender owns the send stream, the receiver the recv stream.
+        let LaneLinks {
+            send,
+            recv,
+            scratch,
+            progress,
+            ..
+        } = self;
+        let send = send.get_mut(&job.next).expect("checked above");
+        let recv = recv.get_mut(&job.prev).expect("checked above");
+        let buf = job.buf;
+
+        let sender = async {
+            let mut rx = rx;
+            for (s, st) in job.steps.iter().enumerate() {
+                for (f, fr) in frames(job.pieces[st.send].clone(), per).enumerate() {
+                    if s > 0 {
+                        let prev_frames = frame_count(&job.pieces[job.steps[s - 1].recv], per);
+                        let before = if s >= 2 { recv_prefix[s - 2] } else { 0 };
+                        let need = before + (f + 1).min(prev_frames);
+                        if rx.wait_for(|&c| c >= need).await.is_err() {
+                            // The receiver is gone; try_join reports its error.
+                            return Ok(());
+                        }
+                    }
+                    // SAFETY: this frame's range is final (received or own) and the receiver
+                    // writes only the current step's recv piece, which differs from it.
+                    let data = unsafe { buf.read(fr) };
+                    let hdr = FrameHeader {
+                        op: job.op,
+                        dtype: WireDtype::F32,
+                        seq: job.seq,
+                        step: job.step_base + s as u32,
+                        chunk: f as u32,
+                        len: (data.len() * 4) as u32,
+                    };
+                    send.write_all(&hdr.encode()).await.map_err(Fail::Write)?;
+                    send.write_all(bytemuck::cast_slice(data))
+                        .await
+                        .map_err(Fail::Write)?;
+                }
+            }
+            Ok::<(), Fail>(())
+        };
+
+        let receiver = async {
+            let mut done = 0usize;
+            let mut hb = [0u8; FRAME_HEADER_LEN];
+            for (s, st) in job.steps.iter().enumerate() {
+                for (f, fr) in frames(job.pieces[st.recv].clone(), per).enumerate() {
+                    let step = job.step_base + s as u32;
+                    progress.set(step, f as u32, job.prev);
+                    recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
+                    let got = FrameHeader::decode(&hb, crate::group::OpKind::MAX_CODE)
+                        .map_err(Fail::Wire)?;
+                    let want = FrameHeader {
+                        op: job.op,
+                        dtype: WireDtype::F32,
+                        seq: job.seq,
+                        step,
+                        chunk: f as u32,
+                        len: (fr.len() * 4) as u32,
+                    };
+                    got.expect(&want).map_err(Fail::Wire)?;
+                    match st.mode {
+                        RecvMode::Copy => {
+                            // SAFETY: only the receiver touches the current recv piece.
+                            let dst = unsafe { buf.write(fr) };
+                            recv.read_exact(bytemuck::cast_slice_mut(dst))
+                                .await
+                                .map_err(Fail::Read)?;
+                        }
+                        RecvMode::Reduce => {
+                            let tmp = &mut scratch[..fr.len()];
+                            recv.read_exact(bytemuck::cast_slice_mut(tmp))
+                                .await
+                                .map_err(Fail::Read)?;
+                            // SAFETY: as above.
+                            let dst = unsafe { buf.write(fr) };
+                            for (d, s) in dst.iter_mut().zip(tmp.iter()) {
+                                *d += *s;
+                            }
+                        }
+                    }
+                    done += 1;
+                    tx.send_replace(done);
+                }
+            }
+            Ok::<(), Fail>(())
+        };
+
+        match tokio::try_join!(sender, receiver) {
+            Ok(_) => Ok(()),
+            Err(Fail::Read(e)) => Err(self.read_err(job.prev, e)),
+            Err(Fail::Wire(w)) => Err(self.protocol(job.prev, w)),
+            Err(Fail::Write(e)) => Err(self.write_err(job.next, e)),
+        }
+    }
+
+    /// A chain broadcast of `pieces` (in order, as one stream of frames): receive each frame
+    /// from `from` (unless this node is the root), then forward it to `to` (unless last).
+    pub async fn chain(
+        &mut self,
+        buf: RawBuf,
+        pieces: &[Range<usize>],
+        from: Option<usize>,
+        to: Option<usize>,
+        op: u8,
+        seq: u64,
+    ) -> Result<(), LaneError> {
+        let per = self.frame_elems;
+        let mut chunk = 0u32;
+        let mut hb = [0u8; FRAME_HEADER_LEN];
+        for piece in pieces {
+            for fr in frames(piece.clone(), per) {
+                let want = FrameHeader {
+                    op,
+                    dtype: WireDtype::F32,
+                    seq,
+                    step: 0,
+                    chunk,
+                    len: (fr.len() * 4) as u32,
+                };
+                if let Some(p) = from {
+                    self.progress.set(0, chunk, p);
+                    if !self.recv.contains_key(&p) {
+                        return Err(self.missing(p));
+                    }
+                    let recv = self.recv.get_mut(&p).expect("checked");
+                    if let Err(e) = recv.read_exact(&mut hb).await {
+                        return Err(self.read_err(p, e));
+                    }
+                    let got = FrameHeader::decode(&hb, crate::group::OpKind::MAX_CODE)
+                        .and_then(|g| g.expect(&want).map(|()| g));
+                    if let Err(w) = got {
+                        return Err(self.protocol(p, w));
+                    }
+                    // SAFETY: the chain touches one frame at a time, sequentially.
+                    let dst = unsafe { buf.write(fr.clone()) };
+                    let recv = self.recv.get_mut(&p).expect("checked");
+                    if let Err(e) = recv.read_exact(bytemuck::cast_slice_mut(dst)).await {
+                        return Err(self.read_err(p, e));
+                    }
+                }
+                if let Some(n) = to {
+                    // SAFETY: as above.
+                    let data = unsafe { buf.read(fr) };
+                    let send = match self.send.get_mut(&n) {
+                        Some(s) => s,
+                        None => return Err(self.missing(n)),
+                    };
+                    let r = match send.write_all(&want.encode()).await {
+                        Ok(()) => send.write_all(bytemuck::cast_slice(data)).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = r {
+                        return Err(self.write_err(n, e));
+                    }
+                }
+                chunk += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Fail {
+    Read(quinn::ReadExactError),
+    Wire(WireError),
+    Write(quinn::WriteError),
+}
