@@ -1,1 +1,10 @@
+//! wiretrain: portable distributed training for Burn models.
+//!
+//! This crate holds the trainer and the `wiretrain` binary. The communication layer is the
+//! `wiretrain-comm` crate, re-exported as [`comm`]: rendezvous, shared-buffer and QUIC
+//! transports, and the collectives (all-reduce, reduce-scatter, all-gather, broadcast,
+//! barrier) with non-blocking [`comm::Work`] handles.
 
+pub use wiretrain_comm as comm;
+
+pub mod launch;

@@ -1,0 +1,125 @@
+//! Every collective against a serial reference, over real QUIC sockets between real node
+//! processes (`wiretrain bench --local N --check`), for the node x rank shapes
+//! 1x1, 1x4, 2x1, 2x2, 3x1 and 4x2; sizes 0, 1, 7 and a prime above 1M elements with 100
+//! repeated calls each, plus 64 MiB; sum and mean.
+
+mod common;
+
+use std::time::Duration;
+
+const OPS: &str = "all-reduce,reduce-scatter,all-gather,broadcast";
+
+fn check(nodes: usize, ranks: usize, bytes: &str, iters: usize, reduce: &str) {
+    let nodes_s = nodes.to_string();
+    let ranks_s = ranks.to_string();
+    let iters_s = iters.to_string();
+    let args = [
+        "bench",
+        "--op",
+        OPS,
+        "--bytes",
+        bytes,
+        "--iters",
+        &iters_s,
+        "--warmup",
+        "0",
+        "--check",
+        "--json",
+        "--reduce",
+        reduce,
+        "--local",
+        &nodes_s,
+        "--ranks-per-node",
+        &ranks_s,
+        "--collective-timeout",
+        "120",
+    ];
+    let out = common::run(&args, &[], Duration::from_secs(600));
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rows = common::rows(&out);
+    let sizes = bytes.split(',').count();
+    assert_eq!(rows.len(), 4 * sizes, "{}", common::text(&out));
+    for r in &rows {
+        assert_eq!(r["wrong"], 0, "wrong elements in {r}");
+        assert_eq!(r["nodes"], nodes as u64);
+        assert_eq!(r["ranks"], (nodes * ranks) as u64);
+        assert_eq!(r["iters"], iters as u64);
+        for f in ["op", "bytes", "time_us", "algbw_gbps", "busbw_gbps"] {
+            assert!(r.get(f).is_some(), "row lacks {f}: {r}");
+        }
+    }
+}
+
+/// 0, 1, 7 and 1_000_003 (prime) elements, 100 calls each.
+const SMALL: &str = "0,4,28,4000012";
+
+#[test]
+fn shape_1x1() {
+    check(1, 1, SMALL, 100, "sum");
+    check(1, 1, "64M", 1, "mean");
+}
+
+#[test]
+fn shape_1x4() {
+    check(1, 4, SMALL, 100, "sum");
+    check(1, 4, SMALL, 100, "mean");
+    check(1, 4, "64M", 2, "sum");
+}
+
+#[test]
+fn shape_2x1() {
+    check(2, 1, SMALL, 100, "sum");
+    check(2, 1, SMALL, 100, "mean");
+    check(2, 1, "64M", 1, "mean");
+}
+
+#[test]
+fn shape_2x2() {
+    check(2, 2, SMALL, 100, "sum");
+    check(2, 2, SMALL, 100, "mean");
+    check(2, 2, "64M", 1, "sum");
+}
+
+#[test]
+fn shape_3x1() {
+    check(3, 1, SMALL, 100, "mean");
+    check(3, 1, "64M", 1, "sum");
+}
+
+#[test]
+fn shape_4x2() {
+    check(4, 2, SMALL, 100, "sum");
+    check(4, 2, "64M", 1, "mean");
+}
+
+#[test]
+fn bench_prints_an_nccl_tests_table() {
+    let out = common::run(
+        &[
+            "bench",
+            "--op",
+            "all-reduce,p2p",
+            "--bytes",
+            "1M",
+            "--iters",
+            "3",
+            "--local",
+            "2",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    let s = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        s.contains("algbw(GB/s)") && s.contains("busbw(GB/s)"),
+        "{s}"
+    );
+    assert!(s.contains("Avg bus bandwidth"), "{s}");
+    assert!(
+        s.lines()
+            .any(|l| l.trim_start().starts_with("all-reduce") && l.contains("1048576")),
+        "{s}"
+    );
+    assert!(s.lines().any(|l| l.trim_start().starts_with("p2p")), "{s}");
+}

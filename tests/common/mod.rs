@@ -1,0 +1,57 @@
+//! Helpers for the multi-process tests: run the real `wiretrain` binary with a time limit.
+
+#![allow(dead_code)]
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_wiretrain")
+}
+
+/// Runs `wiretrain args...` and kills it after `limit` (a hang fails the test, never blocks).
+pub fn run(args: &[&str], envs: &[(&str, &str)], limit: Duration) -> Output {
+    let mut c = Command::new(bin());
+    c.args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir());
+    for (k, v) in envs {
+        c.env(k, v);
+    }
+    let mut child = c.spawn().expect("spawn wiretrain");
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().expect("wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "wiretrain {args:?} exceeded {limit:?}\nstdout:\n{}\nstderr:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Parses the JSON rows a `bench --json` run printed.
+pub fn rows(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("valid JSON row"))
+        .collect()
+}
+
+pub fn text(out: &Output) -> String {
+    format!(
+        "status {}\nstdout:\n{}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

@@ -1,0 +1,195 @@
+//! `wiretrain bench`: nccl-tests-style collective benchmark over the real transports.
+//!
+//! `wiretrain bench --op all-reduce --bytes 1M,16M,64M --local 2 --ranks-per-node 2`
+//! starts 2 node processes on 127.0.0.x with 2 ranks each and prints one table (or JSON lines
+//! with `--json`) from global rank 0.
+
+use super::node::NodeArgs;
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use std::io::Write;
+use std::time::Duration;
+use wiretrain_comm::bench::{self, BenchOp, BenchRow, BenchSpec};
+use wiretrain_comm::{Node, ReduceOp};
+
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// Collectives to measure: all-reduce, reduce-scatter, all-gather, broadcast, p2p
+    /// (comma-separated, or "all").
+    #[arg(long, default_value = "all-reduce")]
+    pub op: String,
+    /// Sizes in bytes, comma-separated, with optional K/M/G suffix (powers of 1024).
+    #[arg(long, default_value = "1M,16M,64M")]
+    pub bytes: String,
+    /// Start this many node processes on 127.0.0.x and run the benchmark across them.
+    #[arg(long)]
+    pub local: Option<usize>,
+    /// Timed iterations per size (the table shows the median).
+    #[arg(long, default_value_t = 20)]
+    pub iters: usize,
+    /// Untimed iterations before timing.
+    #[arg(long, default_value_t = 2)]
+    pub warmup: usize,
+    /// Check every result against a serial reference and count wrong elements.
+    #[arg(long)]
+    pub check: bool,
+    /// Reduction for all-reduce and reduce-scatter: sum or mean.
+    #[arg(long, default_value = "sum")]
+    pub reduce: String,
+    /// Print one JSON object per row instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub node: NodeArgs,
+}
+
+/// Parses "1M,16M,64M" (K/M/G = 1024-based, like nccl-tests).
+pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|t| {
+            let t = t.trim();
+            let (num, mul) = match t.chars().last() {
+                Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+                Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+                Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+                _ => (t, 1),
+            };
+            let n: usize = num
+                .parse()
+                .with_context(|| format!("--bytes: {t:?} is not a size like 4096, 1M or 64M"))?;
+            let b = n
+                .checked_mul(mul)
+                .filter(|&b| b <= 8 << 30)
+                .with_context(|| format!("--bytes: {t} is above the 8 GiB limit"))?;
+            if b % 4 != 0 {
+                bail!("--bytes: {t} is not a multiple of 4 bytes (elements are f32)");
+            }
+            Ok(b)
+        })
+        .collect()
+}
+
+pub fn parse_ops(s: &str) -> Result<Vec<BenchOp>> {
+    if s == "all" {
+        return Ok(BenchOp::ALL.to_vec());
+    }
+    s.split(',')
+        .map(|o| {
+            BenchOp::parse(o.trim()).with_context(|| {
+                format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, all)")
+            })
+        })
+        .collect()
+}
+
+impl BenchArgs {
+    pub fn spec(&self) -> Result<BenchSpec> {
+        let reduce = match self.reduce.as_str() {
+            "sum" => ReduceOp::Sum,
+            "mean" => ReduceOp::Mean,
+            other => bail!("--reduce: {other:?} is not sum or mean"),
+        };
+        if self.iters == 0 {
+            bail!("--iters must be at least 1");
+        }
+        Ok(BenchSpec {
+            ops: parse_ops(&self.op)?,
+            sizes: parse_sizes(&self.bytes)?,
+            iters: self.iters,
+            warmup: self.warmup,
+            check: self.check,
+            reduce,
+        })
+    }
+}
+
+/// Runs the benchmark on this node (every node of the job runs this).
+pub fn run(args: &BenchArgs) -> Result<()> {
+    let spec = args.spec()?;
+    if let Some(nodes) = args.local {
+        if nodes == 0 || nodes > 64 {
+            bail!("--local: {nodes} is outside 1..=64");
+        }
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+        let child = wiretrain::launch::strip_flag(&argv, "--local");
+        let grace = Duration::from_secs_f64(args.node.collective_timeout.clamp(1.0, 300.0) + 5.0);
+        return wiretrain::launch::run_local(nodes, &child, grace).context("local launch");
+    }
+    let cfg = args.node.config()?;
+    let mut node = Node::join(cfg).context("joining the job")?;
+    let table = node.table().clone();
+    let groups = node.take_groups();
+    let rpn: Vec<usize> = (0..table.num_nodes()).map(|n| table.ranks_on(n)).collect();
+    let rpn = if rpn.iter().all(|&k| k == rpn[0]) {
+        rpn[0].to_string()
+    } else {
+        format!("{rpn:?}")
+    };
+    let json = args.json;
+    let check = spec.check;
+    let handles: Vec<_> = groups
+        .into_iter()
+        .map(|mut pg| {
+            let spec = spec.clone();
+            let header = bench::table_header(table.num_nodes(), &rpn, table.world(), &spec);
+            std::thread::spawn(move || -> Result<Vec<BenchRow>> {
+                let leader = pg.rank() == 0;
+                if leader && !json {
+                    println!("{header}");
+                }
+                let rows = bench::run_rank(&mut pg, &spec, |row| {
+                    if leader {
+                        let line = if json {
+                            serde_json::to_string(row).expect("rows serialize")
+                        } else {
+                            bench::table_row(row, check)
+                        };
+                        let mut out = std::io::stdout().lock();
+                        let _ = writeln!(out, "{line}");
+                        let _ = out.flush();
+                    }
+                })?;
+                if leader && !json {
+                    println!("{}", bench::table_footer(&rows));
+                }
+                Ok(rows)
+            })
+        })
+        .collect();
+    let mut wrong = 0;
+    let mut first_err = None;
+    for h in handles {
+        match h.join() {
+            Ok(Ok(rows)) => wrong += rows.iter().map(|r| r.wrong).sum::<u64>(),
+            Ok(Err(e)) => {
+                first_err.get_or_insert(e);
+            }
+            Err(_) => {
+                first_err.get_or_insert(anyhow::anyhow!("a rank thread panicked"));
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        return Err(e);
+    }
+    node.shutdown().context("shutting down")?;
+    if wrong > 0 {
+        bail!("{wrong} wrong elements");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_parse_like_nccl_tests() {
+        assert_eq!(parse_sizes("0,4,1K,1M").unwrap(), vec![0, 4, 1024, 1 << 20]);
+        assert!(parse_sizes("7").is_err());
+        assert!(parse_sizes("abc").is_err());
+        assert!(parse_sizes("100G").is_err());
+        assert_eq!(parse_ops("all").unwrap().len(), 5);
+        assert!(parse_ops("all-reduce,nope").is_err());
+    }
+}

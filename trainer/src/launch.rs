@@ -1,0 +1,195 @@
+//! Local multi-node launcher: starts NODES node processes of this binary on 127.0.0.x, so one
+//! command runs a real multi-node job (real QUIC between real processes) on one machine.
+//!
+//! Node 0 binds an ephemeral port on 127.0.0.1 and writes it to a file; the launcher then
+//! starts nodes 1.. with `--master` pointing at it and `--bind 127.0.0.(i+1):0`. All nodes get
+//! the same fresh 256-bit job token through `WIRETRAIN_TOKEN` (unless one is already set).
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus};
+use std::time::{Duration, Instant};
+use wiretrain_comm::tls::Token;
+
+/// Why a local launch failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    #[error("cannot start node {node}: {source}")]
+    Spawn {
+        node: usize,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node 0 did not report its address within {0:?}")]
+    NoAddress(Duration),
+    #[error("node 0 exited before listening ({0})")]
+    EarlyExit(ExitStatus),
+    #[error("{}", .0.join("; "))]
+    Failed(Vec<String>),
+    #[error("i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Removes `--flag VALUE` and `--flag=VALUE` from an argument list.
+pub fn strip_flag(args: &[OsString], flag: &str) -> Vec<OsString> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut skip = false;
+    let eq = format!("{flag}=");
+    for a in args {
+        if skip {
+            skip = false;
+            continue;
+        }
+        let s = a.to_string_lossy();
+        if s == flag {
+            skip = true;
+            continue;
+        }
+        if s.starts_with(&eq) {
+            continue;
+        }
+        out.push(a.clone());
+    }
+    out
+}
+
+fn temp_dir() -> std::io::Result<PathBuf> {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let d = std::env::temp_dir().join(format!("wiretrain-launch-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
+
+/// Runs `nodes` copies of this executable with `args` (a subcommand and its flags, without
+/// any rendezvous flags), adds the rendezvous flags per node, and waits for all of them.
+/// When a node fails, the others get `grace` to notice and exit on their own before they are
+/// killed.
+pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(), LaunchError> {
+    let exe = std::env::current_exe()?;
+    let dir = temp_dir()?;
+    let addr_file = dir.join("master.addr");
+    let token = std::env::var("WIRETRAIN_TOKEN")
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| String::from_utf8_lossy(Token::generate().expose()).into_owned());
+    let spawn = |node: usize, master: &str| -> Result<Child, LaunchError> {
+        let mut c = Command::new(&exe);
+        c.args(args)
+            .arg("--nnodes")
+            .arg(nodes.to_string())
+            .arg("--node-rank")
+            .arg(node.to_string())
+            .arg("--master")
+            .arg(master)
+            .env("WIRETRAIN_TOKEN", &token);
+        if node == 0 {
+            c.arg("--addr-file").arg(&addr_file);
+        } else {
+            c.arg("--bind").arg(format!("127.0.0.{}:0", node + 1));
+        }
+        c.spawn()
+            .map_err(|source| LaunchError::Spawn { node, source })
+    };
+    let mut children = vec![spawn(0, "127.0.0.1:0")?];
+    let limit = Duration::from_secs(30);
+    let t0 = Instant::now();
+    let master = loop {
+        if let Ok(s) = std::fs::read_to_string(&addr_file) {
+            break s.trim().to_string();
+        }
+        if let Some(st) = children[0].try_wait()? {
+            return Err(LaunchError::EarlyExit(st));
+        }
+        if t0.elapsed() > limit {
+            let _ = children[0].kill();
+            return Err(LaunchError::NoAddress(limit));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    for node in 1..nodes {
+        match spawn(node, &master) {
+            Ok(c) => children.push(c),
+            Err(e) => {
+                for c in &mut children {
+                    let _ = c.kill();
+                }
+                return Err(e);
+            }
+        }
+    }
+    let res = wait_all(children, grace);
+    let _ = std::fs::remove_dir_all(&dir);
+    res
+}
+
+fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError> {
+    let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    let mut first_failure: Option<Instant> = None;
+    loop {
+        for (i, c) in children.iter_mut().enumerate() {
+            if status[i].is_none()
+                && let Some(st) = c.try_wait()?
+            {
+                status[i] = Some(st);
+                if !st.success() && first_failure.is_none() {
+                    first_failure = Some(Instant::now());
+                }
+            }
+        }
+        if status.iter().all(Option::is_some) {
+            break;
+        }
+        if let Some(t) = first_failure
+            && t.elapsed() > grace
+        {
+            for (i, c) in children.iter_mut().enumerate() {
+                if status[i].is_none() {
+                    let _ = c.kill();
+                    status[i] = c.wait().ok();
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let failures: Vec<String> = status
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| match s {
+            Some(s) if s.success() => None,
+            Some(s) => Some(format!("node {i} exited with {s}")),
+            None => Some(format!("node {i} did not exit")),
+        })
+        .collect();
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(LaunchError::Failed(failures))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_flags_in_both_forms() {
+        let a: Vec<OsString> = [
+            "bench",
+            "--local",
+            "2",
+            "--op",
+            "p2p",
+            "--local=3",
+            "--json",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let s = strip_flag(&a, "--local");
+        assert_eq!(s, ["bench", "--op", "p2p", "--json"].map(OsString::from));
+    }
+}
