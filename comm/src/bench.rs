@@ -132,7 +132,7 @@ fn run_one(
     bytes: usize,
     spec: &BenchSpec,
 ) -> Result<BenchRow, Error> {
-    if bytes % 4 != 0 {
+    if !bytes.is_multiple_of(4) {
         return Err(CollectiveError::InvalidCall(format!(
             "size {bytes} is not a multiple of 4 bytes (f32)"
         ))

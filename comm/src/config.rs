@@ -78,7 +78,7 @@ impl QuicTuning {
     }
     /// Payload bytes per data frame (the pipelining unit).
     pub fn frame_bytes(&mut self, v: usize) -> Result<&mut Self, ConfigError> {
-        if !(4096..=crate::wire::MAX_FRAME_PAYLOAD).contains(&v) || v % 4 != 0 {
+        if !(4096..=crate::wire::MAX_FRAME_PAYLOAD).contains(&v) || !v.is_multiple_of(4) {
             return Err(ConfigError::Invalid {
                 field: "frame_bytes",
                 reason: format!(

@@ -24,6 +24,18 @@ pub enum Error {
     },
 }
 
+/// Formats an error with its whole source chain on one line ("a: b: c").
+pub fn report(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
 /// A configuration value that cannot be used.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -320,7 +320,7 @@ struct Executor {
 
 impl Executor {
     fn fail(&mut self, id: OpId, e: CollectiveError) -> Error {
-        let msg = e.to_string();
+        let msg = crate::error::report(&e);
         tracing::error!(rank = self.rank, op = %id, "{msg}");
         self.failed = Some(msg.clone());
         self.shared
@@ -342,7 +342,7 @@ impl Executor {
                     peer,
                     reason,
                 };
-                self.failed = Some(e.to_string());
+                self.failed = Some(crate::error::report(&e));
                 Err(e.into())
             }
             Err(BarrierError::Timeout { missing }) => {

@@ -263,7 +263,7 @@ mod tests {
                 x ^= x << 17;
                 c.copy_from_slice(&x.to_le_bytes()[..c.len()]);
             }
-            if x % 2 == 0 {
+            if x.is_multiple_of(2) {
                 b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
             }
             let _ = FrameHeader::decode(&b, 6);

@@ -220,6 +220,13 @@ impl LaneLinks {
         self.recv.insert(node, r);
     }
 
+    /// The raw send stream of this lane to `node`, bypassing framing. Only for tests that play
+    /// a misbehaving peer.
+    #[doc(hidden)]
+    pub fn raw_send(&mut self, node: usize) -> Option<&mut SendStream> {
+        self.send.get_mut(&node)
+    }
+
     /// Human description of a peer node.
     pub fn describe(&self, node: usize) -> String {
         self.peers

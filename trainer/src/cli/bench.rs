@@ -61,7 +61,7 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
                 .checked_mul(mul)
                 .filter(|&b| b <= 8 << 30)
                 .with_context(|| format!("--bytes: {t} is above the 8 GiB limit"))?;
-            if b % 4 != 0 {
+            if !b.is_multiple_of(4) {
                 bail!("--bytes: {t} is not a multiple of 4 bytes (elements are f32)");
             }
             Ok(b)

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The test command: installs what the tests need on a fresh Debian/Ubuntu machine (as root or
+# with sudo), then runs every test of the workspace. Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}"
+export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
+
+# System packages: iproute2 (ip/tc for the network-namespace lab tests) and
+# mesa-vulkan-drivers (lavapipe, the software Vulkan device the wgpu tests run on).
+need=()
+command -v ip >/dev/null 2>&1 || need+=(iproute2)
+dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+cargo test --workspace --no-fail-fast

@@ -1,0 +1,238 @@
+//! Bad input and failures between real node processes: a wrong token, a protocol version
+//! mismatch, a node that never arrives, and a peer killed mid-collective. Each must end in a
+//! clear error naming the cause, never a hang (every run here is bounded).
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wiretrain-faults-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn spawn(args: &[&str], token: &str) -> Child {
+    Command::new(common::bin())
+        .args(args)
+        .env("WIRETRAIN_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wiretrain")
+}
+
+/// Starts node 0 of a 2-node bench and returns it with its address.
+fn node0(dir: &std::path::Path, token: &str, extra: &[&str]) -> (Child, String) {
+    let addr_file = dir.join("addr");
+    let af = addr_file.to_str().unwrap();
+    let mut args = vec![
+        "bench",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "0",
+        "--master",
+        "127.0.0.1:0",
+        "--addr-file",
+        af,
+    ];
+    args.extend_from_slice(extra);
+    let mut child = spawn(&args, token);
+    let t0 = Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(&addr_file) {
+            return (child, s.trim().to_string());
+        }
+        assert!(child.try_wait().unwrap().is_none(), "node 0 exited early");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "node 0 never listened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Waits for a child with a limit; returns (success, stderr, elapsed).
+fn finish(mut c: Child, limit: Duration) -> (bool, String, Duration) {
+    let t0 = Instant::now();
+    loop {
+        if c.try_wait().unwrap().is_some() {
+            let out = c.wait_with_output().unwrap();
+            return (
+                out.status.success(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+                t0.elapsed(),
+            );
+        }
+        if t0.elapsed() > limit {
+            let _ = c.kill();
+            let out = c.wait_with_output().unwrap();
+            panic!(
+                "process hung past {limit:?}; stderr:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+const QUICK: [&str; 8] = [
+    "--op",
+    "all-reduce",
+    "--bytes",
+    "4",
+    "--iters",
+    "1",
+    "--rendezvous-timeout",
+    "4",
+];
+
+#[test]
+fn wrong_token_is_refused_and_the_missing_node_is_named() {
+    let d = tmp("token");
+    let (n0, addr) = node0(&d, "token-A", &QUICK);
+    let mut args = vec![
+        "bench",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master",
+        &addr,
+    ];
+    args.extend_from_slice(&QUICK);
+    let n1 = spawn(&args, "token-B");
+    let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
+    assert!(!ok1);
+    assert!(
+        err1.contains("different job token"),
+        "node 1 stderr: {err1}"
+    );
+    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
+    assert!(!ok0);
+    assert!(
+        err0.contains("rendezvous timed out"),
+        "node 0 stderr: {err0}"
+    );
+    assert!(err0.contains("never seen: [1]"), "node 0 stderr: {err0}");
+}
+
+#[test]
+fn protocol_version_mismatch_is_refused() {
+    let d = tmp("version");
+    let (n0, addr) = node0(&d, "tok", &QUICK);
+    let mut args = vec![
+        "bench",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master",
+        &addr,
+        "--protocol-version-override",
+        "99",
+    ];
+    args.extend_from_slice(&QUICK);
+    let (ok1, err1, _) = finish(spawn(&args, "tok"), Duration::from_secs(30));
+    assert!(!ok1);
+    assert!(
+        err1.contains("protocol version mismatch"),
+        "node 1 stderr: {err1}"
+    );
+    assert!(err1.contains("version 99"), "node 1 stderr: {err1}");
+    let (ok0, _, _) = finish(n0, Duration::from_secs(30));
+    assert!(!ok0);
+}
+
+#[test]
+fn unreachable_coordinator_is_a_clear_error() {
+    // Nothing listens on this loopback port (we bind it for UDP and keep it, so no one can).
+    let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = sock.local_addr().unwrap().to_string();
+    let args = [
+        "bench",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master",
+        &addr,
+        "--rendezvous-timeout",
+        "2",
+    ];
+    let (ok, err, took) = finish(spawn(&args, "tok"), Duration::from_secs(30));
+    assert!(!ok);
+    assert!(err.contains("could not reach the coordinator"), "{err}");
+    assert!(took < Duration::from_secs(15));
+}
+
+#[test]
+fn killed_peer_is_named_within_the_timeout() {
+    let d = tmp("kill");
+    let long = [
+        "--op",
+        "all-reduce",
+        "--bytes",
+        "16M",
+        "--iters",
+        "100000",
+        "--warmup",
+        "0",
+        "--idle-timeout",
+        "3",
+        "--collective-timeout",
+        "60",
+    ];
+    let (n0, addr) = node0(&d, "tok", &long);
+    let mut args = vec![
+        "bench",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master",
+        &addr,
+    ];
+    args.extend_from_slice(&long);
+    let mut n1 = spawn(&args, "tok");
+    // Let a few collectives run, then kill node 1 without warning.
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(n1.try_wait().unwrap().is_none(), "node 1 ended early");
+    n1.kill().unwrap();
+    let _ = n1.wait();
+    let (ok0, err0, took) = finish(n0, Duration::from_secs(60));
+    assert!(!ok0, "node 0 must fail");
+    assert!(took < Duration::from_secs(20), "took {took:?}: {err0}");
+    assert!(
+        err0.contains("node 1"),
+        "error must name the dead node: {err0}"
+    );
+    assert!(
+        err0.contains("all_reduce seq"),
+        "error must name the collective: {err0}"
+    );
+}
+
+#[test]
+fn bad_flags_exit_with_code_2() {
+    for args in [
+        &["bench", "--bytes", "7"][..],
+        &["bench", "--op", "all-shuffle"],
+        &["bench", "--nnodes", "2"],
+        &["bench", "--reduce", "max"],
+    ] {
+        let out = common::run(args, &[], Duration::from_secs(30));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            common::text(&out)
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
+    }
+}
