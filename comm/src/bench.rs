@@ -144,56 +144,56 @@ fn run_one(
     let sums = SumTable::new(world);
     let mut times = Vec::with_capacity(spec.iters);
     let mut wrong = 0u64;
+    let shard = shard_range(len, world, rank);
+    // One buffer for the whole run, like nccl-tests: allocation is not part of a collective.
+    let mut buf: Vec<f32> = vec![0.0; if op == BenchOp::P2p { 2 * len } else { len }];
     for it in 0..spec.warmup + spec.iters {
         let timed = it >= spec.warmup;
-        // Inputs are made before the barrier so only the collective is timed.
-        let (input, root) = match op {
+        // Inputs are written before the barrier so only the collective is timed.
+        let root = it % world;
+        match op {
             BenchOp::AllGather => {
-                let r = shard_range(len, world, rank);
-                (r.map(|i| value(rank, it, i)).collect::<Vec<_>>(), 0)
+                buf.iter_mut().for_each(|x| *x = f32::NAN);
+                for i in shard.clone() {
+                    buf[i] = value(rank, it, i);
+                }
             }
-            BenchOp::Broadcast => {
-                let root = it % world;
-                let v = if rank == root {
-                    (0..len).map(|i| value(rank, it, i)).collect()
-                } else {
-                    vec![f32::NAN; len]
-                };
-                (v, root)
-            }
-            BenchOp::P2p => ((0..2 * len).map(|i| value(rank, it, i)).collect(), 0),
-            _ => ((0..len).map(|i| value(rank, it, i)).collect(), 0),
-        };
+            BenchOp::Broadcast if rank != root => buf.iter_mut().for_each(|x| *x = f32::NAN),
+            BenchOp::Broadcast => buf
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = value(root, it, i)),
+            _ => buf
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = value(rank, it, i)),
+        }
         pg.barrier()?;
         let t0 = Instant::now();
-        let out = match op {
-            BenchOp::AllReduce => pg.all_reduce(input, spec.reduce).wait()?,
-            BenchOp::ReduceScatter => pg.reduce_scatter(input, spec.reduce).wait()?,
-            BenchOp::AllGather => pg.all_gather(input, len).wait()?,
-            BenchOp::Broadcast => pg.broadcast(input, root).wait()?,
-            BenchOp::P2p => pg.p2p_exchange(input).wait()?,
+        buf = match op {
+            BenchOp::AllReduce => pg.all_reduce(buf, spec.reduce).wait()?,
+            BenchOp::ReduceScatter => pg.reduce_scatter_in_place(buf, spec.reduce).wait()?,
+            BenchOp::AllGather => pg.all_gather_in_place(buf).wait()?,
+            BenchOp::Broadcast => pg.broadcast(buf, root).wait()?,
+            BenchOp::P2p => pg.p2p_exchange(buf).wait()?,
         };
         let dt = t0.elapsed().as_secs_f64();
         // The slowest rank defines the iteration's time.
         let mine = pg.shard_range(world);
-        let mut slot = vec![0.0f32; mine.len()];
-        slot.fill(dt as f32);
-        let all = pg.all_gather(slot, world).wait()?;
+        let all = pg.all_gather(vec![dt as f32; mine.len()], world).wait()?;
         let slowest = all.iter().cloned().fold(0.0f32, f32::max) as f64;
         if timed {
             times.push(slowest);
         }
         if spec.check && timed {
+            let out = &buf;
             wrong += match op {
                 BenchOp::AllReduce => {
-                    count_wrong(&out, |i| finish(sums.at(it, i), spec.reduce, world))
+                    count_wrong(out, |i| finish(sums.at(it, i), spec.reduce, world))
                 }
-                BenchOp::ReduceScatter => {
-                    let r = shard_range(len, world, rank);
-                    count_wrong(&out, |i| {
-                        finish(sums.at(it, r.start + i), spec.reduce, world)
-                    })
-                }
+                BenchOp::ReduceScatter => count_wrong(&out[shard.clone()], |i| {
+                    finish(sums.at(it, shard.start + i), spec.reduce, world)
+                }),
                 BenchOp::AllGather => {
                     let mut wrong = 0u64;
                     for g in 0..world {
@@ -202,7 +202,7 @@ fn run_one(
                     }
                     wrong
                 }
-                BenchOp::Broadcast => count_wrong(&out, |i| value(root, it, i)),
+                BenchOp::Broadcast => count_wrong(out, |i| value(root, it, i)),
                 BenchOp::P2p => 0,
             };
         }
@@ -237,6 +237,9 @@ pub fn run_rank(
 ) -> Result<Vec<BenchRow>, Error> {
     let mut rows = Vec::new();
     for &op in &spec.ops {
+        if op == BenchOp::P2p && pg.table().num_nodes() < 2 {
+            continue; // p2p measures the link between nodes; one node has none
+        }
         for &bytes in &spec.sizes {
             let row = run_one(pg, op, bytes, spec)?;
             on_row(&row);

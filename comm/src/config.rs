@@ -30,7 +30,7 @@ impl Default for QuicTuning {
             send_window: 128 << 20,
             idle_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(1),
-            mtu_upper_bound: 8952,
+            mtu_upper_bound: 1452,
             udp_buffer_bytes: 8 << 20,
             frame_bytes: 1 << 20,
         }

@@ -221,6 +221,28 @@ impl ProcessGroup {
         })
     }
 
+    /// In-place reduce-scatter: `buf` comes back with the reduced shard at
+    /// `shard_range(buf.len())` (the rest is scratch). No allocation.
+    pub fn reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
+        self.submit(OpKind::ReduceScatter, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            ex.collective(id, &mut buf, len, 0, op)?;
+            Ok(buf)
+        })
+    }
+
+    /// In-place all-gather: `buf` is the full buffer with this rank's shard already at
+    /// `shard_range(buf.len())`; it comes back complete. No allocation.
+    pub fn all_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
+        self.submit(OpKind::AllGather, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            ex.collective(id, &mut buf, len, 0, ReduceOp::Sum)?;
+            Ok(buf)
+        })
+    }
+
     /// Gathers every rank's shard of a `total`-element buffer; `shard` must have
     /// `shard_range(total).len()` elements.
     pub fn all_gather(&mut self, shard: Vec<f32>, total: usize) -> Work<Vec<f32>> {
@@ -482,6 +504,10 @@ impl Executor {
         let next = (n + 1) % nn;
         let prev = (n + nn - 1) % nn;
         let world = table.world() as f32;
+        if nn == 1 {
+            self.single_node(id, &peers, &lay, arg, reduce);
+            return self.barrier(id, bytes, deadline);
+        }
         match id.kind {
             OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Barrier => {
                 if let Some(l) = my_lane {
@@ -490,11 +516,7 @@ impl Executor {
                         for r in &pieces {
                             // SAFETY: lane l's pieces are written only by local rank l (me)
                             // in this phase, and read only by me.
-                            let dst = unsafe { peers.write(j, r.clone()) };
-                            for i in (0..k).filter(|&i| i != j) {
-                                let src = unsafe { peers.read(i, r.clone()) };
-                                dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
-                            }
+                            unsafe { sum_into(&peers, j, k, r.clone(), 1.0, false) };
                         }
                     }
                     if nn > 1 {
@@ -607,6 +629,32 @@ impl Executor {
         self.barrier(id, bytes, deadline)
     }
 
+    /// One node: everything happens in shared memory between the entry and exit barriers.
+    /// Rank j owns chunk j of every buffer; reductions read all k inputs once per block and
+    /// (for all-reduce) write the result straight into every buffer.
+    fn single_node(&self, id: OpId, peers: &Peers, lay: &Layout, arg: usize, reduce: ReduceOp) {
+        let (j, k) = (self.local, self.table.ranks_on(0));
+        let mine = lay.chunk(j);
+        let divisor = match reduce {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Mean => k as f32,
+        };
+        match id.kind {
+            // SAFETY: chunk j of every buffer belongs to rank j in this phase.
+            OpKind::AllReduce | OpKind::Barrier => unsafe {
+                sum_into(peers, j, k, mine, divisor, true)
+            },
+            OpKind::ReduceScatter => unsafe { sum_into(peers, j, k, mine, divisor, false) },
+            OpKind::AllGather => {
+                for i in (0..k).filter(|&i| i != j) {
+                    copy_from(peers, i, j, lay.chunk(i));
+                }
+            }
+            OpKind::Broadcast => copy_from(peers, arg, j, 0..lay.len()),
+            OpKind::P2p => {}
+        }
+    }
+
     fn p2p(&mut self, id: OpId, buf: &mut [f32]) -> Result<(), Error> {
         self.check_healthy(id)?;
         let nn = self.table.num_nodes();
@@ -634,6 +682,44 @@ impl Executor {
         };
         let deadline = Instant::now() + self.timeout;
         self.on_lane(id, half * 4, deadline, LaneTask::Ring(job))
+    }
+}
+
+/// Elements per block of the fused intra-node loops: small enough to stay in L1/L2 between
+/// the reads of the k inputs and the writes.
+const BLOCK: usize = 8 << 10;
+
+/// `me[r] = sum_i buf_i[r] / divisor`, block by block in one pass over each input; with
+/// `spread`, the result is also written to every other local buffer (a fused all-gather).
+///
+/// # Safety
+/// `r` must be owned by `me` in this phase: no other rank reads or writes `r` of any buffer.
+unsafe fn sum_into(
+    peers: &Peers,
+    me: usize,
+    k: usize,
+    r: std::ops::Range<usize>,
+    divisor: f32,
+    spread: bool,
+) {
+    let mut at = r.start;
+    while at < r.end {
+        let b = at..(at + BLOCK).min(r.end);
+        // SAFETY: per the function contract.
+        let dst = unsafe { peers.write(me, b.clone()) };
+        for i in (0..k).filter(|&i| i != me) {
+            let src = unsafe { peers.read(i, b.clone()) };
+            dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
+        }
+        if divisor != 1.0 {
+            dst.iter_mut().for_each(|x| *x /= divisor);
+        }
+        if spread {
+            for i in (0..k).filter(|&i| i != me) {
+                unsafe { peers.write(i, b.clone()) }.copy_from_slice(dst);
+            }
+        }
+        at = b.end;
     }
 }
 
@@ -677,7 +763,12 @@ impl Node {
     /// starts one communication thread per local rank.
     pub fn join(cfg: NodeConfig) -> Result<Node, Error> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+            .worker_threads(
+                std::env::var("WIRETRAIN_NET_THREADS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(2),
+            )
             .thread_name("wiretrain-net")
             .enable_all()
             .build()

@@ -529,6 +529,25 @@ pub async fn open_lanes(
 pub async fn goodbye(me: usize, peers: &mut [Peer], within: Duration) -> Result<(), String> {
     let deadline = Instant::now() + within;
     let mut errors = Vec::new();
+    for p in peers.iter() {
+        let st = p.conn.stats();
+        tracing::info!(
+            peer = p.node,
+            rtt_us = st.path.rtt.as_micros() as u64,
+            cwnd = st.path.cwnd,
+            mtu = st.path.current_mtu,
+            sent_packets = st.path.sent_packets,
+            lost_packets = st.path.lost_packets,
+            congestion_events = st.path.congestion_events,
+            mtu_probes = st.path.sent_plpmtud_probes,
+            mtu_probes_lost = st.path.lost_plpmtud_probes,
+            udp_tx_datagrams = st.udp_tx.datagrams,
+            udp_tx_ios = st.udp_tx.ios,
+            udp_rx_datagrams = st.udp_rx.datagrams,
+            udp_rx_ios = st.udp_rx.ios,
+            "connection statistics"
+        );
+    }
     let expect_goodbye = |r: Result<Result<Control, String>, tokio::time::error::Elapsed>| match r {
         Ok(Ok(Control::Goodbye)) => Ok(()),
         Ok(Ok(other)) => Err(format!("expected goodbye, got {other:?}")),

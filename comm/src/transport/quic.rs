@@ -48,13 +48,13 @@ pub fn endpoint(
         addr: bind,
         source: std::io::Error::other("no tokio runtime"),
     })?;
-    Endpoint::new(
-        quinn::EndpointConfig::default(),
-        Some(server),
-        socket,
-        runtime,
-    )
-    .map_err(|source| TransportError::Bind { addr: bind, source })
+    let mut ep_cfg = quinn::EndpointConfig::default();
+    // Let path-MTU discovery go as far as the tuning allows (the default caps it at 1472).
+    ep_cfg
+        .max_udp_payload_size(tuning.mtu_upper_bound.max(1472))
+        .map_err(|e| TransportError::Tls(format!("max UDP payload: {e}")))?;
+    Endpoint::new(ep_cfg, Some(server), socket, runtime)
+        .map_err(|source| TransportError::Bind { addr: bind, source })
 }
 
 /// The transport parameters both sides use.
@@ -74,6 +74,9 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(t.mtu_upper_bound);
     c.mtu_discovery_config(Some(mtu));
+    if std::env::var_os("WIRETRAIN_INITIAL_MTU").is_some() {
+        c.initial_mtu(t.mtu_upper_bound);
+    }
     c
 }
 
