@@ -20,6 +20,7 @@ pub struct QuicTuning {
     pub(crate) mtu_upper_bound: u16,
     pub(crate) udp_buffer_bytes: usize,
     pub(crate) frame_bytes: usize,
+    pub(crate) net_threads: usize,
 }
 
 impl Default for QuicTuning {
@@ -33,6 +34,7 @@ impl Default for QuicTuning {
             mtu_upper_bound: 1452,
             udp_buffer_bytes: 8 << 20,
             frame_bytes: 1 << 20,
+            net_threads: 2,
         }
     }
 }
@@ -74,6 +76,17 @@ impl QuicTuning {
             });
         }
         self.mtu_upper_bound = v;
+        Ok(self)
+    }
+    /// Threads of the node's network runtime (QUIC packet processing and crypto).
+    pub fn net_threads(&mut self, v: usize) -> Result<&mut Self, ConfigError> {
+        if !(1..=64).contains(&v) {
+            return Err(ConfigError::Invalid {
+                field: "net_threads",
+                reason: format!("{v} is outside 1..=64"),
+            });
+        }
+        self.net_threads = v;
         Ok(self)
     }
     /// Payload bytes per data frame (the pipelining unit).

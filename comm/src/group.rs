@@ -763,12 +763,7 @@ impl Node {
     /// starts one communication thread per local rank.
     pub fn join(cfg: NodeConfig) -> Result<Node, Error> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(
-                std::env::var("WIRETRAIN_NET_THREADS")
-                    .ok()
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(2),
-            )
+            .worker_threads(cfg.quic.net_threads)
             .thread_name("wiretrain-net")
             .enable_all()
             .build()

@@ -74,9 +74,6 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(t.mtu_upper_bound);
     c.mtu_discovery_config(Some(mtu));
-    if std::env::var_os("WIRETRAIN_INITIAL_MTU").is_some() {
-        c.initial_mtu(t.mtu_upper_bound);
-    }
     c
 }
 

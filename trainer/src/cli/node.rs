@@ -45,6 +45,9 @@ pub struct NodeArgs {
     /// Payload bytes per data frame.
     #[arg(long)]
     pub frame_bytes: Option<usize>,
+    /// Threads for QUIC packet processing and crypto in this node process.
+    #[arg(long, default_value_t = 2)]
+    pub net_threads: usize,
     /// Node 0 writes its bound address here (used by local launchers).
     #[arg(long, hide = true)]
     pub addr_file: Option<PathBuf>,
@@ -126,6 +129,9 @@ impl NodeArgs {
         cfg.quic()
             .idle_timeout(secs("idle-timeout", self.idle_timeout)?)
             .context("--idle-timeout")?;
+        cfg.quic()
+            .net_threads(self.net_threads)
+            .context("--net-threads")?;
         if let Some(m) = self.mtu {
             cfg.quic().mtu_upper_bound(m).context("--mtu")?;
         }
