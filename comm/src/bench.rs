@@ -27,6 +27,8 @@ pub enum BenchOp {
     AllGather,
     Broadcast,
     P2p,
+    /// Baseline: one memcpy of `size` bytes on rank 0 (no communication).
+    Memcpy,
 }
 
 impl BenchOp {
@@ -45,11 +47,15 @@ impl BenchOp {
             Self::AllGather => "all-gather",
             Self::Broadcast => "broadcast",
             Self::P2p => "p2p",
+            Self::Memcpy => "memcpy",
         }
     }
 
     pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|o| o.name() == s)
+        Self::ALL
+            .into_iter()
+            .chain([Self::Memcpy])
+            .find(|o| o.name() == s)
     }
 
     /// nccl-tests' bus bandwidth factor for `n` ranks.
@@ -58,7 +64,7 @@ impl BenchOp {
         match self {
             Self::AllReduce => 2.0 * (n - 1.0) / n,
             Self::ReduceScatter | Self::AllGather => (n - 1.0) / n,
-            Self::Broadcast | Self::P2p => 1.0,
+            Self::Broadcast | Self::P2p | Self::Memcpy => 1.0,
         }
     }
 }
@@ -147,6 +153,11 @@ fn run_one(
     let shard = shard_range(len, world, rank);
     // One buffer for the whole run, like nccl-tests: allocation is not part of a collective.
     let mut buf: Vec<f32> = vec![0.0; if op == BenchOp::P2p { 2 * len } else { len }];
+    let mut copy_dst: Vec<f32> = if op == BenchOp::Memcpy && rank == 0 {
+        vec![1.0; len]
+    } else {
+        Vec::new()
+    };
     for it in 0..spec.warmup + spec.iters {
         let timed = it >= spec.warmup;
         // Inputs are written before the barrier so only the collective is timed.
@@ -176,6 +187,12 @@ fn run_one(
             BenchOp::AllGather => pg.all_gather_in_place(buf).wait()?,
             BenchOp::Broadcast => pg.broadcast(buf, root).wait()?,
             BenchOp::P2p => pg.p2p_exchange(buf).wait()?,
+            BenchOp::Memcpy => {
+                if rank == 0 {
+                    copy_dst.copy_from_slice(&buf);
+                }
+                buf
+            }
         };
         let dt = t0.elapsed().as_secs_f64();
         // The slowest rank defines the iteration's time.
@@ -204,6 +221,7 @@ fn run_one(
                 }
                 BenchOp::Broadcast => count_wrong(out, |i| value(root, it, i)),
                 BenchOp::P2p => 0,
+                BenchOp::Memcpy => count_wrong(&copy_dst, |i| value(rank, it, i)),
             };
         }
     }

@@ -8,6 +8,32 @@ use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Congestion controller of the QUIC connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Congestion {
+    /// quinn's default, like TCP's.
+    #[default]
+    Cubic,
+    /// Model-based; keeps a shaped link fuller (quinn marks it experimental).
+    Bbr,
+    NewReno,
+}
+
+impl std::str::FromStr for Congestion {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "cubic" => Ok(Self::Cubic),
+            "bbr" => Ok(Self::Bbr),
+            "newreno" => Ok(Self::NewReno),
+            other => Err(ConfigError::Invalid {
+                field: "congestion",
+                reason: format!("{other:?} is not cubic, bbr or newreno"),
+            }),
+        }
+    }
+}
+
 /// QUIC transport tuning. Defaults suit loopback up to 100 GbE with a few ms of RTT: the
 /// windows cover the bandwidth-delay product of 10 Gbit/s at 50 ms.
 #[derive(Debug, Clone)]
@@ -21,6 +47,7 @@ pub struct QuicTuning {
     pub(crate) udp_buffer_bytes: usize,
     pub(crate) frame_bytes: usize,
     pub(crate) net_threads: usize,
+    pub(crate) congestion: Congestion,
 }
 
 impl Default for QuicTuning {
@@ -35,6 +62,7 @@ impl Default for QuicTuning {
             udp_buffer_bytes: 8 << 20,
             frame_bytes: 1 << 20,
             net_threads: 2,
+            congestion: Congestion::Cubic,
         }
     }
 }
@@ -77,6 +105,11 @@ impl QuicTuning {
         }
         self.mtu_upper_bound = v;
         Ok(self)
+    }
+    /// Congestion controller.
+    pub fn congestion(&mut self, v: Congestion) -> &mut Self {
+        self.congestion = v;
+        self
     }
     /// Threads of the node's network runtime (QUIC packet processing and crypto).
     pub fn net_threads(&mut self, v: usize) -> Result<&mut Self, ConfigError> {

@@ -9,7 +9,7 @@
 //! (1 MiB by default) pipeline the ring the way NCCL's slices do.
 
 use crate::algo::{RecvMode, RingStep};
-use crate::config::QuicTuning;
+use crate::config::{Congestion, QuicTuning};
 use crate::error::{TransportError, WireError};
 use crate::tls::JobIdentity;
 use crate::wire::{FRAME_HEADER_LEN, FrameHeader, WireDtype};
@@ -74,6 +74,15 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(t.mtu_upper_bound);
     c.mtu_discovery_config(Some(mtu));
+    match t.congestion {
+        Congestion::Cubic => {}
+        Congestion::Bbr => {
+            c.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+        }
+        Congestion::NewReno => {
+            c.congestion_controller_factory(Arc::new(quinn::congestion::NewRenoConfig::default()));
+        }
+    }
     c
 }
 

@@ -15,7 +15,7 @@ use wiretrain_comm::{Node, ReduceOp};
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Collectives to measure: all-reduce, reduce-scatter, all-gather, broadcast, p2p
-    /// (comma-separated, or "all").
+    /// (comma-separated, or "all"); "memcpy" adds a one-rank memcpy baseline row.
     #[arg(long, default_value = "all-reduce")]
     pub op: String,
     /// Sizes in bytes, comma-separated, with optional K/M/G suffix (powers of 1024).
@@ -76,7 +76,7 @@ pub fn parse_ops(s: &str) -> Result<Vec<BenchOp>> {
     s.split(',')
         .map(|o| {
             BenchOp::parse(o.trim()).with_context(|| {
-                format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, all)")
+                format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, memcpy, all)")
             })
         })
         .collect()

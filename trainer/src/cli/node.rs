@@ -48,6 +48,9 @@ pub struct NodeArgs {
     /// Threads for QUIC packet processing and crypto in this node process.
     #[arg(long, default_value_t = 2)]
     pub net_threads: usize,
+    /// QUIC congestion controller: cubic, bbr or newreno.
+    #[arg(long, default_value = "cubic")]
+    pub congestion: String,
     /// Node 0 writes its bound address here (used by local launchers).
     #[arg(long, hide = true)]
     pub addr_file: Option<PathBuf>,
@@ -132,6 +135,11 @@ impl NodeArgs {
         cfg.quic()
             .net_threads(self.net_threads)
             .context("--net-threads")?;
+        cfg.quic().congestion(
+            self.congestion
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--congestion: {e}"))?,
+        );
         if let Some(m) = self.mtu {
             cfg.quic().mtu_upper_bound(m).context("--mtu")?;
         }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The wiring lab, smallest form: two network namespaces joined by a veth pair whose both
+# directions are shaped with `tc qdisc ... tbf`, and `wiretrain bench` with one node in each.
+# Needs root (ip netns, tc). Cleans up after itself, also on failure. Every run is bounded.
+#
+#   RATE=1gbit scripts/lab-tbf.sh --op p2p,all-reduce,all-gather,reduce-scatter --bytes 16M,64M
+#
+# Env: RATE (tbf rate, default 1gbit), BIN (wiretrain binary, default the release build),
+#      LIMIT (seconds per node process, default 300). Arguments go to `wiretrain bench`.
+set -euo pipefail
+RATE=${RATE:-1gbit}
+LIMIT=${LIMIT:-300}
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
+[ -x "$BIN" ] || { echo "lab-tbf: no wiretrain binary at $BIN (cargo build --release, or set BIN)"; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "lab-tbf: SKIP: needs root for ip netns and tc"; exit 77; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab-tbf: SKIP: ip/tc (iproute2) not installed"; exit 77; }
+
+id=$$
+ns0="wtlab${id}a"; ns1="wtlab${id}b"; va="wt${id}a"; vb="wt${id}b"
+a_ip=10.213.$((id % 250)).1; b_ip=10.213.$((id % 250)).2
+tmp=$(mktemp -d)
+cleanup() {
+  ip netns pids "$ns0" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  ip netns pids "$ns1" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  ip netns del "$ns0" 2>/dev/null || true
+  ip netns del "$ns1" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+if ! ip netns add "$ns0" 2>/dev/null; then echo "lab-tbf: SKIP: cannot create network namespaces here"; exit 77; fi
+ip netns add "$ns1"
+ip link add "$va" type veth peer name "$vb"
+ip link set "$va" netns "$ns0"
+ip link set "$vb" netns "$ns1"
+ip -n "$ns0" addr add "$a_ip/24" dev "$va"
+ip -n "$ns1" addr add "$b_ip/24" dev "$vb"
+for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
+ip -n "$ns0" link set "$va" up
+ip -n "$ns1" link set "$vb" up
+tc -n "$ns0" qdisc add dev "$va" root tbf rate "$RATE" burst 128kb latency 50ms
+tc -n "$ns1" qdisc add dev "$vb" root tbf rate "$RATE" burst 128kb latency 50ms
+echo "# lab-tbf: veth $a_ip <-> $b_ip, tbf rate $RATE each way"
+
+export WIRETRAIN_TOKEN=${WIRETRAIN_TOKEN:-lab-$(date +%s%N)}
+ip netns exec "$ns0" timeout "$LIMIT" "$BIN" bench "$@" --nnodes 2 --node-rank 0 \
+  --master "$a_ip:0" --addr-file "$tmp/addr" &
+p0=$!
+for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
+[ -s "$tmp/addr" ] || { echo "lab-tbf: node 0 never listened"; exit 1; }
+ip netns exec "$ns1" timeout "$LIMIT" "$BIN" bench "$@" --nnodes 2 --node-rank 1 \
+  --master "$(cat "$tmp/addr")" --bind "$b_ip:0" >/dev/null &
+p1=$!
+rc=0
+wait "$p0" || rc=$?
+wait "$p1" || rc=$?
+exit "$rc"
