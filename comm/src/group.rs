@@ -903,6 +903,12 @@ impl Drop for Node {
                 VarInt::from_u32(close_code::FAILED),
                 b"node exited without shutdown",
             );
+            // Let the close packets leave before the runtime stops (connections closed
+            // earlier with a reason keep that reason).
+            let ep = self.endpoint.clone();
+            rt.block_on(async {
+                let _ = tokio::time::timeout(Duration::from_millis(500), ep.wait_idle()).await;
+            });
             rt.shutdown_timeout(Duration::from_millis(200));
         }
     }
