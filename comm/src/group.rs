@@ -126,6 +126,19 @@ impl<T> Work<T> {
 
 type Job = Box<dyn FnOnce(&mut Executor) + Send>;
 
+/// Hands the buffer back after a successful collective. After a failure other local ranks may
+/// still be reading or writing it (they learn of the failure at their next barrier), so it is
+/// leaked rather than freed: the group is dead anyway, and a leak is safe where a free is not.
+fn keep_or_leak(r: Result<(), Error>, buf: Vec<f32>) -> Result<Vec<f32>, Error> {
+    match r {
+        Ok(()) => Ok(buf),
+        Err(e) => {
+            std::mem::forget(buf);
+            Err(e)
+        }
+    }
+}
+
 /// The handle of one rank: submit collectives here. Owned by the rank's thread.
 pub struct ProcessGroup {
     rank: usize,
@@ -204,8 +217,8 @@ impl ProcessGroup {
         self.submit(OpKind::AllReduce, move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
-            ex.collective(id, &mut buf, len, 0, op)?;
-            Ok(buf)
+            let r = ex.collective(id, &mut buf, len, 0, op);
+            keep_or_leak(r, buf)
         })
     }
 
@@ -216,8 +229,8 @@ impl ProcessGroup {
         self.submit(OpKind::ReduceScatter, move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
-            ex.collective(id, &mut buf, len, 0, op)?;
-            Ok(buf[range].to_vec())
+            let r = ex.collective(id, &mut buf, len, 0, op);
+            keep_or_leak(r, buf).map(|b| b[range].to_vec())
         })
     }
 
@@ -227,8 +240,8 @@ impl ProcessGroup {
         self.submit(OpKind::ReduceScatter, move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
-            ex.collective(id, &mut buf, len, 0, op)?;
-            Ok(buf)
+            let r = ex.collective(id, &mut buf, len, 0, op);
+            keep_or_leak(r, buf)
         })
     }
 
@@ -238,8 +251,8 @@ impl ProcessGroup {
         self.submit(OpKind::AllGather, move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
-            ex.collective(id, &mut buf, len, 0, ReduceOp::Sum)?;
-            Ok(buf)
+            let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
+            keep_or_leak(r, buf)
         })
     }
 
@@ -260,8 +273,8 @@ impl ProcessGroup {
         self.submit(OpKind::AllGather, move |ex, id| {
             let mut buf = vec![0.0f32; total];
             buf[range].copy_from_slice(&shard);
-            ex.collective(id, &mut buf, total, 0, ReduceOp::Sum)?;
-            Ok(buf)
+            let r = ex.collective(id, &mut buf, total, 0, ReduceOp::Sum);
+            keep_or_leak(r, buf)
         })
     }
 
@@ -277,16 +290,17 @@ impl ProcessGroup {
         self.submit(OpKind::Broadcast, move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
-            ex.collective(id, &mut buf, len, root, ReduceOp::Sum)?;
-            Ok(buf)
+            let r = ex.collective(id, &mut buf, len, root, ReduceOp::Sum);
+            keep_or_leak(r, buf)
         })
     }
 
     /// Blocks until every rank has reached the barrier.
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.submit(OpKind::Barrier, |ex, id| {
-            let mut one = [0.0f32];
-            ex.collective(id, &mut one, 1, 0, ReduceOp::Sum)
+            let mut one = vec![0.0f32];
+            let r = ex.collective(id, &mut one, 1, 0, ReduceOp::Sum);
+            keep_or_leak(r, one).map(|_| ())
         })
         .wait()
     }
@@ -297,8 +311,8 @@ impl ProcessGroup {
     pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.submit(OpKind::P2p, move |ex, id| {
             let mut buf = buf;
-            ex.p2p(id, &mut buf)?;
-            Ok(buf)
+            let r = ex.p2p(id, &mut buf);
+            keep_or_leak(r, buf)
         })
     }
 }
@@ -487,7 +501,12 @@ impl Executor {
             len,
             arg,
         };
-        self.shared.publish(j, buf, call);
+        // One pointer for everything that touches the buffer from here on (the slot other
+        // ranks use and our own lane), derived once.
+        let ptr = buf.as_mut_ptr();
+        self.shared.publish_raw(j, ptr, buf.len(), call);
+        // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
+        let raw = unsafe { RawBuf::from_raw(ptr, buf.len()) };
         self.barrier(id, bytes, deadline)?;
         let peers = self
             .shared
@@ -500,7 +519,6 @@ impl Executor {
             Ok(p) => p,
             Err(e) => return Err(self.fail(id, e)),
         };
-        let raw = RawBuf::new(buf);
         let next = (n + 1) % nn;
         let prev = (n + nn - 1) % nn;
         let world = table.world() as f32;

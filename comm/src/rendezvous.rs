@@ -196,6 +196,8 @@ pub async fn coordinate(
                     Some(format!("protocol version mismatch: this coordinator speaks version {version}, the joining node version {v}; run the same wiretrain release on every node"))
                 } else if nnodes != cfg.nnodes {
                     Some(format!("node count mismatch: the coordinator expects {} nodes, the joining node was told {nnodes}", cfg.nnodes))
+                } else if let Some(r) = node_rank.filter(|&r| r >= cfg.nnodes) {
+                    Some(format!("node rank {r} is not below the node count {}", cfg.nnodes))
                 } else if node_rank == Some(0) {
                     Some("node rank 0 is the coordinator itself".to_string())
                 } else if let Some(r) = node_rank.filter(|r| by_rank.contains_key(r)) {
@@ -324,7 +326,11 @@ pub async fn join(
     };
     match reply {
         Control::Welcome { node, table } => {
-            if node == 0 || node >= table.num_nodes() || table.ranks_on(node) != cfg.devices.len() {
+            if table.num_nodes() != cfg.nnodes
+                || node == 0
+                || node >= table.num_nodes()
+                || table.ranks_on(node) != cfg.devices.len()
+            {
                 return Err(RendezvousError::Refused {
                     reason: format!("inconsistent rank table for node {node}"),
                 });
@@ -393,7 +399,12 @@ pub async fn mesh(
         while !waiting.is_empty() {
             let incoming = match timeout_at(deadline, ep.accept()).await {
                 Ok(Some(i)) => i,
-                Ok(None) => break,
+                Ok(None) => {
+                    return Err(RendezvousError::Mesh {
+                        node: waiting[0],
+                        reason: "the local endpoint closed while waiting for peers".into(),
+                    });
+                }
                 Err(_) => {
                     return Err(RendezvousError::Mesh {
                         node: waiting[0],

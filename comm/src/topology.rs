@@ -17,10 +17,27 @@ pub struct NodeInfo {
     pub devices: Vec<String>,
 }
 
-/// The table every rank receives from the rendezvous: identical on all nodes.
+/// The table every rank receives from the rendezvous: identical on all nodes. Deserializing
+/// validates it like [`RankTable::new`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawTable")]
 pub struct RankTable {
     nodes: Vec<NodeInfo>,
+}
+
+#[derive(Deserialize)]
+struct RawTable {
+    nodes: Vec<NodeInfo>,
+}
+
+impl TryFrom<RawTable> for RankTable {
+    type Error = String;
+    fn try_from(r: RawTable) -> Result<Self, String> {
+        if r.nodes.len() > 4096 || r.nodes.iter().any(|n| n.devices.len() > 1024) {
+            return Err("rank table too large".into());
+        }
+        RankTable::new(r.nodes)
+    }
 }
 
 impl RankTable {
@@ -179,6 +196,19 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn deserializing_validates() {
+        let good = serde_json::to_string(&table(&[1, 2])).unwrap();
+        assert_eq!(
+            serde_json::from_str::<RankTable>(&good).unwrap(),
+            table(&[1, 2])
+        );
+        let bad = good.replace("\"node\":1", "\"node\":7");
+        assert!(serde_json::from_str::<RankTable>(&bad).is_err());
+        let empty = r#"{"nodes":[{"node":0,"addr":"127.0.0.1:1","devices":[]}]}"#;
+        assert!(serde_json::from_str::<RankTable>(empty).is_err());
     }
 
     #[test]

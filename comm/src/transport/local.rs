@@ -105,18 +105,28 @@ impl NodeShared {
             return Ok(());
         }
         loop {
+            // A completed barrier wins over a later abort: the others have moved on.
+            if st.generation != gen_at_entry {
+                return Ok(());
+            }
             if let Some((r, why)) = &st.aborted {
                 return Err(BarrierError::Aborted {
                     rank: *r,
                     reason: why.clone(),
                 });
             }
-            if st.generation != gen_at_entry {
-                return Ok(());
-            }
             let now = Instant::now();
             if now >= deadline {
-                let missing = (0..self.ranks).filter(|&i| !st.arrived[i]).collect();
+                let missing: Vec<usize> = (0..self.ranks).filter(|&i| !st.arrived[i]).collect();
+                // Leave the barrier and poison it under the same lock, so no late arrival
+                // can complete it with this rank gone.
+                st.arrived[rank] = false;
+                st.count -= 1;
+                st.aborted = Some((
+                    rank,
+                    format!("timed out waiting for local ranks {missing:?} at a barrier"),
+                ));
+                self.cv.notify_all();
                 return Err(BarrierError::Timeout { missing });
             }
             st = self
@@ -149,12 +159,14 @@ impl NodeShared {
 
     /// Publishes `rank`'s buffer for the current collective.
     pub fn publish(&self, rank: usize, buf: &mut [f32], call: Call) {
+        self.publish_raw(rank, buf.as_mut_ptr(), buf.len(), call);
+    }
+
+    /// Publishes a raw buffer; the caller keeps it alive and accesses it only through the
+    /// same pointer until the collective's last barrier (or leaks it on failure).
+    pub fn publish_raw(&self, rank: usize, ptr: *mut f32, len: usize, call: Call) {
         let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
-        s[rank] = Some(Slot {
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
-            call,
-        });
+        s[rank] = Some(Slot { ptr, len, call });
     }
 
     /// After the first barrier: the published buffers, checked to belong to the same call.

@@ -116,6 +116,12 @@ unsafe impl Send for RawBuf {}
 unsafe impl Sync for RawBuf {}
 
 impl RawBuf {
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for as long as the `RawBuf` is used.
+    pub unsafe fn from_raw(ptr: *mut f32, len: usize) -> Self {
+        Self { ptr, len }
+    }
+
     pub fn new(buf: &mut [f32]) -> Self {
         Self {
             ptr: buf.as_mut_ptr(),
