@@ -7,4 +7,14 @@
 
 pub use wiretrain_comm as comm;
 
+pub mod data;
+pub mod device;
+pub mod flat;
 pub mod launch;
+pub mod models;
+pub mod optim;
+pub mod strategy;
+pub mod trainer;
+
+pub use strategy::Strategy;
+pub use trainer::{MemoryReport, StepReport, TrainError, Trainer, TrainerConfig};

@@ -1,5 +1,4 @@
-//! The `wiretrain` binary: `bench` today; `train`, `launch` and `plan` build on the same
-//! node flags.
+//! The `wiretrain` binary: `bench`, `train`, `launch`; all share the node flags.
 
 mod cli;
 
@@ -19,7 +18,13 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Cmd {
     /// Measure collectives nccl-tests style (algbw/busbw), over shared buffers and QUIC.
-    Bench(cli::bench::BenchArgs),
+    Bench(Box<cli::bench::BenchArgs>),
+    /// Train a built-in example on this node's ranks (one node of a job).
+    Train(Box<cli::train::TrainArgs>),
+    /// Start several local node processes of a job on 127.0.0.x (e.g. `-- train ...`).
+    Launch(cli::launch::LaunchArgs),
+    /// List the devices (wgpu adapters, CPU backend) wiretrain can train on.
+    Devices,
 }
 
 fn main() {
@@ -33,6 +38,9 @@ fn main() {
     let cli = Cli::parse();
     let res = match &cli.cmd {
         Cmd::Bench(a) => cli::bench::run(a),
+        Cmd::Train(a) => cli::train::run(a),
+        Cmd::Launch(a) => cli::launch::run(a),
+        Cmd::Devices => cli::devices::run(),
     };
     if let Err(e) = res {
         eprintln!("wiretrain: error: {e:#}");

@@ -1,0 +1,99 @@
+//! DistributedSampler semantics: every epoch a seeded shuffle of the whole dataset, cut into
+//! global batches; rank r takes the r-th equal slice of each global batch, so ranks see
+//! disjoint samples and together exactly the global batch. The last, incomplete global batch
+//! of an epoch is dropped (like `drop_last=True`), so every step has the same global batch and
+//! the update equals single-process training on that batch.
+
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+
+#[derive(Debug, Clone)]
+pub struct DistributedSampler {
+    len: usize,
+    global_batch: usize,
+    world: usize,
+    rank: usize,
+    seed: u64,
+}
+
+impl DistributedSampler {
+    /// Fails when the global batch does not divide by the world size or exceeds the dataset.
+    pub fn new(
+        len: usize,
+        global_batch: usize,
+        world: usize,
+        rank: usize,
+        seed: u64,
+    ) -> Result<Self, String> {
+        if global_batch == 0 || !global_batch.is_multiple_of(world) {
+            return Err(format!(
+                "--global-batch {global_batch} must be a positive multiple of the world size {world}"
+            ));
+        }
+        if global_batch > len {
+            return Err(format!(
+                "--global-batch {global_batch} exceeds the dataset size {len}"
+            ));
+        }
+        Ok(Self {
+            len,
+            global_batch,
+            world,
+            rank,
+            seed,
+        })
+    }
+
+    pub fn steps_per_epoch(&self) -> usize {
+        self.len / self.global_batch
+    }
+
+    pub fn local_batch(&self) -> usize {
+        self.global_batch / self.world
+    }
+
+    /// The sample indices this rank trains on at global step `step`.
+    pub fn indices(&self, step: usize) -> Vec<usize> {
+        let spe = self.steps_per_epoch();
+        let (epoch, i) = (step / spe, step % spe);
+        let mut perm: Vec<usize> = (0..self.len).collect();
+        perm.shuffle(&mut rand::rngs::StdRng::seed_from_u64(
+            self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+        ));
+        let batch = &perm[i * self.global_batch..(i + 1) * self.global_batch];
+        let b = self.local_batch();
+        batch[self.rank * b..(self.rank + 1) * b].to_vec()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_partition_each_global_batch() {
+        let single = DistributedSampler::new(100, 8, 1, 0, 7).unwrap();
+        for step in 0..30 {
+            let mut all: Vec<usize> = (0..4)
+                .flat_map(|r| {
+                    DistributedSampler::new(100, 8, 4, r, 7)
+                        .unwrap()
+                        .indices(step)
+                })
+                .collect();
+            assert_eq!(all, single.indices(step));
+            all.sort();
+            all.dedup();
+            assert_eq!(all.len(), 8);
+        }
+        assert_eq!(single.steps_per_epoch(), 12);
+    }
+
+    #[test]
+    fn epochs_reshuffle_and_bad_batches_are_refused() {
+        let s = DistributedSampler::new(16, 16, 2, 0, 1).unwrap();
+        assert_ne!(s.indices(0), s.indices(1));
+        assert!(DistributedSampler::new(100, 10, 4, 0, 1).is_err());
+        assert!(DistributedSampler::new(4, 8, 2, 0, 1).is_err());
+    }
+}

@@ -1,0 +1,105 @@
+//! Device selection: a wgpu adapter pinned to a real graphics API, lavapipe on CPU-only
+//! machines, or Burn's CPU backend (`flex`).
+//!
+//! Spec strings (the same everywhere): `auto` (best wgpu adapter, else lavapipe, else CPU with
+//! a one-line warning), `wgpu` (best hardware adapter), `wgpu:cpu` (a software Vulkan adapter
+//! such as Mesa's lavapipe), `cpu` (Burn's flex backend). wgpu devices are pinned to the native
+//! API (Vulkan on Linux/Windows, Metal on macOS) so wiretrain never silently falls back to GL.
+
+use burn::tensor::Device;
+use burn::tensor::DeviceKind;
+use burn::tensor::wgpu::WgpuBackend;
+use std::sync::{Mutex, OnceLock};
+
+/// A parsed device spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    Auto,
+    Wgpu,
+    WgpuCpu,
+    Cpu,
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "auto" => Self::Auto,
+            "wgpu" => Self::Wgpu,
+            "wgpu:cpu" => Self::WgpuCpu,
+            "cpu" => Self::Cpu,
+            other => {
+                return Err(format!(
+                    "{other:?} is not a device (auto, wgpu, wgpu:cpu, cpu)"
+                ));
+            }
+        })
+    }
+}
+
+/// The device a rank trains on, with a human description.
+#[derive(Debug, Clone)]
+pub struct RankDevice {
+    pub device: Device,
+    pub description: String,
+}
+
+fn native_api() -> WgpuBackend {
+    if cfg!(target_os = "macos") {
+        WgpuBackend::Metal
+    } else {
+        WgpuBackend::Vulkan
+    }
+}
+
+/// Initialized wgpu devices (or why they failed), by selector.
+type DeviceCache = Mutex<Vec<(&'static str, Result<RankDevice, String>)>>;
+
+/// Burn allows one initialization per wgpu selector and process: cache each result.
+fn wgpu_cached(kind: DeviceKind, key: &'static str) -> Result<RankDevice, String> {
+    static CACHE: OnceLock<DeviceCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(Vec::new()));
+    let mut c = cache.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, r)) = c.iter().find(|(k, _)| *k == key) {
+        return r.clone();
+    }
+    let r = Device::wgpu_options()
+        .device_kind(kind)
+        .graphics_api(native_api())
+        .init_with_setup()
+        .map(|(device, setup)| {
+            let info = setup.adapter.get_info();
+            RankDevice {
+                device,
+                description: format!(
+                    "wgpu {:?} {} ({:?})",
+                    info.backend, info.name, info.device_type
+                ),
+            }
+        })
+        .map_err(|e| format!("{e:?}"));
+    c.push((key, r.clone()));
+    r
+}
+
+/// Resolves a spec to a device (all local ranks of a CPU-only node share lavapipe or the CPU
+/// backend; one GPU per rank would be `wgpu` with an index, a later addition).
+pub fn select(spec: DeviceSpec) -> Result<RankDevice, String> {
+    match spec {
+        DeviceSpec::Cpu => Ok(RankDevice {
+            device: Device::flex(),
+            description: "cpu (burn flex backend)".into(),
+        }),
+        DeviceSpec::Wgpu => wgpu_cached(DeviceKind::DefaultDevice, "default"),
+        DeviceSpec::WgpuCpu => wgpu_cached(DeviceKind::Cpu, "cpu"),
+        DeviceSpec::Auto => wgpu_cached(DeviceKind::DefaultDevice, "default")
+            .or_else(|_| wgpu_cached(DeviceKind::Cpu, "cpu"))
+            .or_else(|e| {
+                tracing::warn!("no usable wgpu adapter ({e}); falling back to the CPU backend");
+                eprintln!(
+                    "wiretrain: warning: no usable wgpu adapter, training on the CPU backend"
+                );
+                select(DeviceSpec::Cpu)
+            }),
+    }
+}

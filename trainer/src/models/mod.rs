@@ -1,0 +1,3 @@
+//! Example models and their data, shared by `examples/` and `wiretrain train --example`.
+
+pub mod mlp;

@@ -1,0 +1,319 @@
+//! The trainer: runs one optimizer step of a Burn module under a [`Strategy`] across the
+//! ranks of a [`ProcessGroup`].
+//!
+//! ```ignore
+//! let mut trainer = Trainer::new(model, &device, TrainerConfig::new(Strategy::Zero2), pg)?;
+//! for step in 0..steps {
+//!     let report = trainer.step(|m| m.loss(&batch))?;   // forward + backward + comm + update
+//! }
+//! ```
+
+use crate::flat::FlatLayout;
+use crate::optim::{OptimConfig, ShardOptimizer};
+use crate::strategy::Strategy;
+use burn::module::Module;
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor};
+use serde::Serialize;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
+
+/// What can go wrong while training.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TrainError {
+    #[error(transparent)]
+    Comm(#[from] wiretrain_comm::Error),
+    #[error("ranks disagree on the model: {0}")]
+    ModelMismatch(String),
+    #[error("invalid trainer configuration: {0}")]
+    Config(String),
+}
+
+/// How to train.
+#[derive(Debug, Clone)]
+pub struct TrainerConfig {
+    pub strategy: Strategy,
+    pub optim: OptimConfig,
+    pub lr: f64,
+    /// Bucket size in bytes (f32 elements × 4); 25 MiB like PyTorch DDP.
+    pub bucket_bytes: usize,
+}
+
+impl TrainerConfig {
+    pub fn new(strategy: Strategy) -> Self {
+        Self {
+            strategy,
+            optim: OptimConfig::default(),
+            lr: 1e-3,
+            bucket_bytes: 25 << 20,
+        }
+    }
+}
+
+/// Bytes a rank holds for model states (host copies included), as the ZeRO paper counts them.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct MemoryReport {
+    pub params_bytes: usize,
+    /// Peak bytes of flattened gradients held by wiretrain during a step.
+    pub grads_bytes: usize,
+    pub optim_bytes: usize,
+}
+
+/// One step's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepReport {
+    /// Mean loss over the global batch (all ranks).
+    pub loss: f32,
+    pub compute_ms: f64,
+    /// Time spent waiting for communication (exposed, not overlapped).
+    pub comm_ms: f64,
+    pub optim_ms: f64,
+    pub step_ms: f64,
+}
+
+pub struct Trainer<M: Module> {
+    model: Option<M>,
+    layout: FlatLayout,
+    pg: ProcessGroup,
+    cfg: TrainerConfig,
+    params: Vec<f32>,
+    buckets: Vec<Range<usize>>,
+    owned: Vec<Range<usize>>,
+    opt: ShardOptimizer,
+    memory: MemoryReport,
+}
+
+impl<M: Module> Trainer<M> {
+    /// Checks that every rank has the same model, starts every rank from rank 0's parameters
+    /// and allocates this rank's optimizer state.
+    pub fn new(
+        model: M,
+        device: &Device,
+        cfg: TrainerConfig,
+        mut pg: ProcessGroup,
+    ) -> Result<Self, TrainError> {
+        if cfg.bucket_bytes < 4 {
+            return Err(TrainError::Config(format!(
+                "bucket size {} bytes holds no element",
+                cfg.bucket_bytes
+            )));
+        }
+        let layout = FlatLayout::of(&model);
+        check_agreement(&mut pg, &layout)?;
+        let params = layout.flatten_params(&model);
+        let params = pg.broadcast(params, 0).wait()?;
+        let model = layout.unflatten(model, &params);
+        let buckets = layout.buckets(cfg.bucket_bytes / 4);
+        let owned: Vec<Range<usize>> = match cfg.strategy {
+            Strategy::Ddp => std::iter::once(0..layout.total()).collect(),
+            Strategy::Zero1 | Strategy::Zero2 => buckets
+                .iter()
+                .map(|b| {
+                    let s = pg.shard_range(b.len());
+                    b.start + s.start..b.start + s.end
+                })
+                .collect(),
+        };
+        let owned_len: usize = owned.iter().map(|r| r.len()).sum();
+        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), owned_len);
+        let max_bucket = buckets.iter().map(|b| b.len()).max().unwrap_or(0);
+        let memory = MemoryReport {
+            params_bytes: 4 * layout.total(),
+            grads_bytes: 4 * match cfg.strategy {
+                Strategy::Ddp | Strategy::Zero1 => layout.total(),
+                Strategy::Zero2 => owned_len + max_bucket,
+            },
+            optim_bytes: opt.state_bytes(),
+        };
+        Ok(Self {
+            model: Some(model),
+            layout,
+            pg,
+            cfg,
+            params,
+            buckets,
+            owned,
+            opt,
+            memory,
+        })
+    }
+
+    pub fn model(&self) -> &M {
+        self.model.as_ref().expect("model present between steps")
+    }
+
+    pub fn into_model(mut self) -> M {
+        self.model.take().expect("model present between steps")
+    }
+
+    pub fn layout(&self) -> &FlatLayout {
+        &self.layout
+    }
+
+    /// The full flat parameter vector (identical on every rank after each step).
+    pub fn params(&self) -> &[f32] {
+        &self.params
+    }
+
+    pub fn memory(&self) -> MemoryReport {
+        self.memory
+    }
+
+    pub fn process_group(&mut self) -> &mut ProcessGroup {
+        &mut self.pg
+    }
+
+    /// One training step: `loss_fn` runs the forward pass on this rank's batch and returns the
+    /// mean loss; backward, gradient communication and the update follow.
+    pub fn step(
+        &mut self,
+        loss_fn: impl FnOnce(&M) -> Tensor<1>,
+    ) -> Result<StepReport, TrainError> {
+        let t0 = Instant::now();
+        let model = self.model.take().expect("model present between steps");
+        let loss = loss_fn(&model);
+        let local_loss = loss.clone().into_scalar::<f32>();
+        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        let mut compute = t0.elapsed();
+        let mut comm = Duration::ZERO;
+        let total = self.layout.total();
+        let t_opt;
+        match self.cfg.strategy {
+            Strategy::Ddp => {
+                // Every bucket's all-reduce is in flight while the next bucket is flattened.
+                let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
+                let tf = Instant::now();
+                for b in &self.buckets {
+                    let mut flat = Vec::new();
+                    self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
+                }
+                compute += tf.elapsed();
+                let mut full = vec![0.0f32; total];
+                let tw = Instant::now();
+                for (b, w) in works {
+                    full[b].copy_from_slice(&w.wait()?);
+                }
+                comm += tw.elapsed();
+                t_opt = Instant::now();
+                self.opt.step(self.cfg.lr, &mut self.params, &full);
+            }
+            Strategy::Zero1 | Strategy::Zero2 => {
+                let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
+                let mut gshard = Vec::with_capacity(owned_len);
+                let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
+                for (i, b) in self.buckets.iter().enumerate() {
+                    let tf = Instant::now();
+                    let mut flat = Vec::new();
+                    self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    compute += tf.elapsed();
+                    let w = self.pg.reduce_scatter_in_place(flat, ReduceOp::Mean);
+                    if self.cfg.strategy == Strategy::Zero2 {
+                        // ZeRO-2: the full bucket is reduced and dropped before the next exists.
+                        let tw = Instant::now();
+                        let buf = w.wait()?;
+                        comm += tw.elapsed();
+                        gshard.extend_from_slice(&buf[self.pg.shard_range(b.len())]);
+                    } else {
+                        pending.push((i, w));
+                    }
+                }
+                let tw = Instant::now();
+                for (i, w) in pending {
+                    let buf = w.wait()?;
+                    gshard.extend_from_slice(&buf[self.pg.shard_range(self.buckets[i].len())]);
+                }
+                comm += tw.elapsed();
+                t_opt = Instant::now();
+                let mut pshard: Vec<f32> = Vec::with_capacity(owned_len);
+                for r in &self.owned {
+                    pshard.extend_from_slice(&self.params[r.clone()]);
+                }
+                self.opt.step(self.cfg.lr, &mut pshard, &gshard);
+                let opt_time = t_opt.elapsed();
+                // All-gather the updated shards, bucket by bucket, all in flight at once.
+                let tw = Instant::now();
+                let mut works = Vec::with_capacity(self.buckets.len());
+                let mut at = 0;
+                for (b, r) in self.buckets.iter().zip(&self.owned) {
+                    let mut buf = vec![0.0f32; b.len()];
+                    let s = self.pg.shard_range(b.len());
+                    buf[s].copy_from_slice(&pshard[at..at + r.len()]);
+                    at += r.len();
+                    works.push((b.clone(), self.pg.all_gather_in_place(buf)));
+                }
+                for (b, w) in works {
+                    let full = w.wait()?;
+                    self.params[b].copy_from_slice(&full);
+                }
+                comm += tw.elapsed();
+                return self.finish(model, t0, local_loss, compute, comm, opt_time);
+            }
+        }
+        let opt_time = t_opt.elapsed();
+        self.finish(model, t0, local_loss, compute, comm, opt_time)
+    }
+
+    fn finish(
+        &mut self,
+        model: M,
+        t0: Instant,
+        local_loss: f32,
+        compute: Duration,
+        mut comm: Duration,
+        opt_time: Duration,
+    ) -> Result<StepReport, TrainError> {
+        let tu = Instant::now();
+        self.model = Some(self.layout.unflatten(model, &self.params));
+        let unflatten = tu.elapsed();
+        let tl = Instant::now();
+        let loss = self
+            .pg
+            .all_reduce(vec![local_loss], ReduceOp::Mean)
+            .wait()?[0];
+        comm += tl.elapsed();
+        Ok(StepReport {
+            loss,
+            compute_ms: (compute + unflatten).as_secs_f64() * 1e3,
+            comm_ms: comm.as_secs_f64() * 1e3,
+            optim_ms: opt_time.as_secs_f64() * 1e3,
+            step_ms: t0.elapsed().as_secs_f64() * 1e3,
+        })
+    }
+}
+
+/// Compares rank 0's parameter list (paths and shapes) with every rank's; a mismatch names
+/// the first differing parameter.
+fn check_agreement(pg: &mut ProcessGroup, layout: &FlatLayout) -> Result<(), TrainError> {
+    let sig = layout.signature();
+    let n = sig.len();
+    let counts = pg
+        .all_gather(vec![n as f32; pg.shard_range(pg.world()).len()], pg.world())
+        .wait()?;
+    if let Some((r, c)) = counts.iter().enumerate().find(|(_, c)| **c as usize != n) {
+        return Err(TrainError::ModelMismatch(format!(
+            "rank {} has {} float parameters, rank {r} has {}",
+            pg.rank(),
+            n,
+            *c as usize
+        )));
+    }
+    // 16-bit halves are exact in f32.
+    let mine: Vec<f32> = sig
+        .iter()
+        .flat_map(|h| [(h >> 16) as f32, (h & 0xffff) as f32])
+        .collect();
+    let root = pg.broadcast(mine.clone(), 0).wait()?;
+    if let Some(i) = (0..n).find(|&i| root[2 * i..2 * i + 2] != mine[2 * i..2 * i + 2]) {
+        let e = &layout.entries()[i];
+        return Err(TrainError::ModelMismatch(format!(
+            "parameter #{i} differs between rank 0 and rank {}: here it is {:?} with shape {:?}",
+            pg.rank(),
+            e.path,
+            e.shape
+        )));
+    }
+    Ok(())
+}
