@@ -165,18 +165,26 @@ impl FlatLayout {
                 let vals = self.flat[self.at..self.at + n].to_vec();
                 self.at += n;
                 param.map(|t| {
-                    let dev = t.device();
                     let shape = t.shape();
-                    let fresh = Tensor::<D>::from_data(TensorData::new(vals, shape), &dev);
-                    if t.is_require_grad() {
-                        fresh.require_grad()
-                    } else {
-                        fresh
-                    }
+                    replace_values(t, vals, shape)
                 })
             }
         }
         module.map(&mut Write { flat, at: 0 })
+    }
+}
+
+/// A tensor like `old` (device, autodiff tracking) holding `vals` in `shape`.
+fn replace_values<const D: usize>(
+    old: Tensor<D>,
+    vals: Vec<f32>,
+    shape: impl Into<burn::tensor::Shape>,
+) -> Tensor<D> {
+    let fresh = Tensor::<D>::from_data(TensorData::new(vals, shape), &old.device());
+    if old.is_require_grad() {
+        fresh.require_grad()
+    } else {
+        fresh
     }
 }
 
@@ -223,15 +231,7 @@ pub fn init_deterministic<M: Module>(module: M, seed: u64) -> M {
             let vals: Vec<f32> = (0..n)
                 .map(|_| self.rng.random_range(-bound..=bound))
                 .collect();
-            param.map(|t| {
-                let dev = t.device();
-                let fresh = Tensor::<D>::from_data(TensorData::new(vals, shape), &dev);
-                if t.is_require_grad() {
-                    fresh.require_grad()
-                } else {
-                    fresh
-                }
-            })
+            param.map(|t| replace_values(t, vals, shape))
         }
     }
     use rand::SeedableRng;

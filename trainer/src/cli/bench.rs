@@ -156,22 +156,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             })
         })
         .collect();
-    let mut wrong = 0;
-    let mut first_err = None;
-    for h in handles {
-        match h.join() {
-            Ok(Ok(rows)) => wrong += rows.iter().map(|r| r.wrong).sum::<u64>(),
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(anyhow::anyhow!("a rank thread panicked"));
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    let wrong: u64 = super::join_ranks(handles)?
+        .iter()
+        .flat_map(|rows| rows.iter().map(|r| r.wrong))
+        .sum();
     node.shutdown().context("shutting down")?;
     if wrong > 0 {
         bail!("{wrong} wrong elements");

@@ -166,21 +166,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             std::thread::spawn(move || train_rank(pg, run, data, metrics, save))
         })
         .collect();
-    let mut first_err = None;
-    for h in handles {
-        match h.join() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                first_err.get_or_insert(e);
-            }
-            Err(_) => {
-                first_err.get_or_insert(anyhow::anyhow!("a rank thread panicked"));
-            }
-        }
-    }
-    if let Some(e) = first_err {
-        return Err(e);
-    }
+    super::join_ranks(handles)?;
     node.shutdown().context("shutting down")?;
     Ok(())
 }
