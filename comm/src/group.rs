@@ -206,10 +206,19 @@ impl ProcessGroup {
         }
     }
 
+    /// A call rejected before submission: it gets no sequence number, so the group's
+    /// numbering stays aligned with the other ranks.
     fn invalid<T: Send + 'static>(&mut self, kind: OpKind, why: String) -> Work<T> {
-        self.submit(kind, move |_, _| {
-            Err(CollectiveError::InvalidCall(why).into())
-        })
+        let (tx, rx) = mpsc::sync_channel(1);
+        let _ = tx.send(Err(CollectiveError::InvalidCall(why).into()));
+        Work {
+            id: OpId {
+                kind,
+                seq: self.next_seq,
+            },
+            rank: self.rank,
+            rx,
+        }
     }
 
     /// Sums (or averages) `buf` across all ranks, in place.

@@ -182,13 +182,16 @@ fn overlapping_submissions_complete_in_order() {
 
 #[test]
 fn invalid_calls_are_errors_not_panics() {
-    let res = cluster(&[1], "tok", |mut pg| {
+    let res = cluster(&[2], "tok", |mut pg| {
         let e1 = pg.broadcast(vec![1.0], 5).wait().unwrap_err().to_string();
         let e2 = pg
             .all_gather(vec![1.0, 2.0], 1)
             .wait()
             .unwrap_err()
             .to_string();
+        // Rejected calls take no sequence number: the group keeps working.
+        let ok = pg.all_reduce(vec![1.0; 3], ReduceOp::Sum).wait().unwrap();
+        assert_eq!(ok, vec![2.0; 3]);
         (e1, e2)
     });
     let (e1, e2) = &res.into_iter().next().unwrap().unwrap()[0];
