@@ -56,6 +56,21 @@ fn node0(dir: &std::path::Path, token: &str, extra: &[&str]) -> (Child, String) 
     }
 }
 
+/// Starts node 1 of a 2-node bench against node 0 at `addr`.
+fn node1(addr: &str, token: &str, extra: &[&str]) -> Child {
+    let mut args = vec![
+        "bench",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master",
+        addr,
+    ];
+    args.extend_from_slice(extra);
+    spawn(&args, token)
+}
+
 /// Waits for a child with a limit; returns (success, stderr, elapsed).
 fn finish(mut c: Child, limit: Duration) -> (bool, String, Duration) {
     let t0 = Instant::now();
@@ -95,17 +110,7 @@ const QUICK: [&str; 8] = [
 fn wrong_token_is_refused_and_the_missing_node_is_named() {
     let d = tmp("token");
     let (n0, addr) = node0(&d, "token-A", &QUICK);
-    let mut args = vec![
-        "bench",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master",
-        &addr,
-    ];
-    args.extend_from_slice(&QUICK);
-    let n1 = spawn(&args, "token-B");
+    let n1 = node1(&addr, "token-B", &QUICK);
     let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
     assert!(!ok1);
     assert!(
@@ -125,19 +130,9 @@ fn wrong_token_is_refused_and_the_missing_node_is_named() {
 fn protocol_version_mismatch_is_refused() {
     let d = tmp("version");
     let (n0, addr) = node0(&d, "tok", &QUICK);
-    let mut args = vec![
-        "bench",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master",
-        &addr,
-        "--protocol-version-override",
-        "99",
-    ];
-    args.extend_from_slice(&QUICK);
-    let (ok1, err1, _) = finish(spawn(&args, "tok"), Duration::from_secs(30));
+    let mut extra = vec!["--protocol-version-override", "99"];
+    extra.extend_from_slice(&QUICK);
+    let (ok1, err1, _) = finish(node1(&addr, "tok", &extra), Duration::from_secs(30));
     assert!(!ok1);
     assert!(
         err1.contains("protocol version mismatch"),
@@ -188,17 +183,7 @@ fn killed_peer_is_named_within_the_timeout() {
         "60",
     ];
     let (n0, addr) = node0(&d, "tok", &long);
-    let mut args = vec![
-        "bench",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master",
-        &addr,
-    ];
-    args.extend_from_slice(&long);
-    let mut n1 = spawn(&args, "tok");
+    let mut n1 = node1(&addr, "tok", &long);
     // Let a few collectives run, then kill node 1 without warning.
     std::thread::sleep(Duration::from_secs(3));
     assert!(n1.try_wait().unwrap().is_none(), "node 1 ended early");
