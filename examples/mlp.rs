@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             std::thread::spawn(move || -> Result<(), String> {
                 let rank = pg.rank();
                 let device = wiretrain::device::select(spec)?.device.autodiff();
-                let sampler = DistributedSampler::new(data.len(), 64, pg.world(), rank, 1)?;
+                let mut sampler = DistributedSampler::new(data.len(), 64, pg.world(), rank, 1)?;
                 let mut cfg = TrainerConfig::new(Strategy::Zero2);
                 cfg.lr = 1e-2;
                 let mut trainer = Trainer::new(Mlp::new(&device, 1), &device, cfg, pg)

@@ -1,5 +1,5 @@
-//! The trainer through the real binary: DDP, ZeRO-1 and ZeRO-2 at world sizes 2 (2 nodes x 1
-//! rank) and 4 (2 nodes x 2 ranks over QUIC) match single-process training within 1e-5, on
+//! The trainer through the real binary: DDP, ZeRO-1, ZeRO-2 and ZeRO-3 at world sizes 2 (2 nodes
+//! x 1 rank) and 4 (2 nodes x 2 ranks over QUIC) match single-process training within 1e-5, on
 //! Burn's CPU backend for every combination and on lavapipe (wgpu, Vulkan pinned) for ZeRO-2 at
 //! 2 x 2 (lavapipe's first step compiles its kernels for ~40 s per process on 2 cores, so CI runs
 //! one lavapipe comparison). Memory accounting follows the ZeRO formulas; bad input exits 2.
@@ -93,11 +93,13 @@ fn distributed(
     device: &str,
     nodes: usize,
     ranks: usize,
+    accumulate: usize,
 ) -> (Vec<f32>, Vec<f64>, serde_json::Value) {
     let d = dir(&format!(
-        "{strategy}-{}-{nodes}x{ranks}",
+        "{strategy}-{}-{nodes}x{ranks}-acc{accumulate}",
         device.replace(':', "-")
     ));
+    let acc = accumulate.to_string();
     let (m, p) = (d.join("m.jsonl"), d.join("p.f32"));
     let n = nodes.to_string();
     let k = ranks.to_string();
@@ -108,6 +110,7 @@ fn distributed(
         m.to_str().unwrap(),
         p.to_str().unwrap(),
     ));
+    args.extend(["--accumulate", &acc]);
     let out = common::run(&args, &[], Duration::from_secs(900));
     assert!(out.status.success(), "{}", common::text(&out));
     let (losses, summary) = read_metrics(&m);
@@ -137,16 +140,17 @@ fn assert_close(what: &str, a: &[f32], b: &[f32]) {
     );
 }
 
-fn compare(device: &str, runs: &[(&str, usize, usize)]) {
+/// Runs of (strategy, nodes, ranks per node, micro-batches accumulated per step).
+fn compare(device: &str, runs: &[(&str, usize, usize, usize)]) {
     let (ref_params, ref_losses) = reference(device);
     assert_eq!(ref_losses.len(), 20);
     assert!(
         ref_losses[19] < ref_losses[0],
         "the reference run learns: {ref_losses:?}"
     );
-    for &(strategy, nodes, ranks) in runs {
-        let what = format!("{strategy} {nodes}x{ranks} on {device}");
-        let (params, losses, summary) = distributed(strategy, device, nodes, ranks);
+    for &(strategy, nodes, ranks, acc) in runs {
+        let what = format!("{strategy} {nodes}x{ranks} accumulate {acc} on {device}");
+        let (params, losses, summary) = distributed(strategy, device, nodes, ranks, acc);
         assert_close(&format!("{what} parameters"), &params, &ref_params);
         assert_eq!(losses.len(), ref_losses.len(), "{what}");
         for (s, (l, r)) in losses.iter().zip(&ref_losses).enumerate() {
@@ -162,17 +166,24 @@ fn compare(device: &str, runs: &[(&str, usize, usize)]) {
 #[test]
 fn strategies_match_single_process_training_cpu_backend() {
     let mut runs = vec![];
-    for strategy in ["ddp", "zero1", "zero2"] {
+    for strategy in ["ddp", "zero1", "zero2", "zero3"] {
         for (nodes, ranks) in [(2, 1), (2, 2)] {
-            runs.push((strategy, nodes, ranks));
+            runs.push((strategy, nodes, ranks, 1));
         }
     }
     compare("cpu", &runs);
 }
 
+/// `--accumulate K` (K micro-batches per step, one communication) equals one step on the
+/// whole global batch: 32 samples as 2 ranks x 4 micro-batches of 4, and 4 ranks x 2 of 4.
+#[test]
+fn gradient_accumulation_matches_single_process_training() {
+    compare("cpu", &[("ddp", 2, 1, 4), ("zero2", 2, 2, 2)]);
+}
+
 #[test]
 fn zero2_matches_single_process_training_on_lavapipe() {
-    compare("wgpu:cpu", &[("zero2", 2, 2)]);
+    compare("wgpu:cpu", &[("zero2", 2, 2, 1)]);
 }
 
 /// ZeRO-1 optimizer state = total/N per rank (AdamW: m and v, 8 bytes per element, within one
@@ -199,6 +210,19 @@ fn check_memory(what: &str, strategy: &str, s: &serde_json::Value) {
                 "{what}: grads {grads}"
             );
         }
+        if strategy == "zero3" {
+            // The mlp's units are its layers; the largest (64x64 + 64) bounds one unit.
+            let unit = 4160.0;
+            let params = r["params_bytes"].as_f64().unwrap();
+            assert!(
+                params <= 4.0 * (total / world + 3.0 + 2.0 * unit),
+                "{what}: params {params}"
+            );
+            assert!(
+                grads <= 4.0 * (total / world + 3.0 + unit),
+                "{what}: grads {grads}"
+            );
+        }
     }
 }
 
@@ -221,6 +245,19 @@ fn bad_input_is_one_line_and_exit_code_2() {
             "--config",
         ),
         (vec!["train", "--device", "tpu"], "--device"),
+        (vec!["train", "--accumulate", "0"], "--accumulate"),
+        (
+            vec![
+                "train",
+                "--global-batch",
+                "8",
+                "--ranks-per-node",
+                "2",
+                "--accumulate",
+                "3",
+            ],
+            "--global-batch",
+        ),
     ] {
         let out = common::run(&args, &[], Duration::from_secs(60));
         let err = String::from_utf8_lossy(&out.stderr);

@@ -14,6 +14,8 @@ pub struct DistributedSampler {
     world: usize,
     rank: usize,
     seed: u64,
+    /// The permutation of the epoch last asked for.
+    cached: Option<(usize, Vec<usize>)>,
 }
 
 impl DistributedSampler {
@@ -41,6 +43,7 @@ impl DistributedSampler {
             world,
             rank,
             seed,
+            cached: None,
         })
     }
 
@@ -53,13 +56,17 @@ impl DistributedSampler {
     }
 
     /// The sample indices this rank trains on at global step `step`.
-    pub fn indices(&self, step: usize) -> Vec<usize> {
+    pub fn indices(&mut self, step: usize) -> Vec<usize> {
         let spe = self.steps_per_epoch();
         let (epoch, i) = (step / spe, step % spe);
-        let mut perm: Vec<usize> = (0..self.len).collect();
-        perm.shuffle(&mut rand::rngs::StdRng::seed_from_u64(
-            self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
-        ));
+        if self.cached.as_ref().is_none_or(|(e, _)| *e != epoch) {
+            let mut perm: Vec<usize> = (0..self.len).collect();
+            perm.shuffle(&mut rand::rngs::StdRng::seed_from_u64(
+                self.seed ^ (epoch as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15),
+            ));
+            self.cached = Some((epoch, perm));
+        }
+        let perm = &self.cached.as_ref().expect("just cached").1;
         let batch = &perm[i * self.global_batch..(i + 1) * self.global_batch];
         let b = self.local_batch();
         batch[self.rank * b..(self.rank + 1) * b].to_vec()
@@ -72,7 +79,7 @@ mod tests {
 
     #[test]
     fn ranks_partition_each_global_batch() {
-        let single = DistributedSampler::new(100, 8, 1, 0, 7).unwrap();
+        let mut single = DistributedSampler::new(100, 8, 1, 0, 7).unwrap();
         for step in 0..30 {
             let mut all: Vec<usize> = (0..4)
                 .flat_map(|r| {
@@ -91,8 +98,10 @@ mod tests {
 
     #[test]
     fn epochs_reshuffle_and_bad_batches_are_refused() {
-        let s = DistributedSampler::new(16, 16, 2, 0, 1).unwrap();
-        assert_ne!(s.indices(0), s.indices(1));
+        let mut s = DistributedSampler::new(16, 16, 2, 0, 1).unwrap();
+        let (e0, e1, again) = (s.indices(0), s.indices(1), s.indices(0));
+        assert_ne!(e0, e1);
+        assert_eq!(e0, again);
         assert!(DistributedSampler::new(100, 10, 4, 0, 1).is_err());
         assert!(DistributedSampler::new(4, 8, 2, 0, 1).is_err());
     }

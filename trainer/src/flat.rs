@@ -216,7 +216,8 @@ fn grad_vec(grads: &mut GradientsParams, e: &FlatEntry, take: bool) -> Option<Ve
 
 /// Fills every float parameter with values from a seeded generator, so a model starts
 /// identically on every device kind: uniform in ±1/sqrt(fan_in) (fan_in = first dimension of
-/// a matrix; 1-D parameters use their length).
+/// a matrix; 1-D parameters use their length). A parameter Burn initialised to a constant
+/// (a norm's gain of ones, a bias of zeros) keeps that constant.
 pub fn init_deterministic<M: Module>(module: M, seed: u64) -> M {
     struct Init {
         rng: rand::rngs::StdRng,
@@ -228,9 +229,17 @@ pub fn init_deterministic<M: Module>(module: M, seed: u64) -> M {
             let n: usize = shape.iter().product();
             let fan_in = shape.first().copied().unwrap_or(1).max(1) as f32;
             let bound = 1.0 / fan_in.sqrt();
+            // Draw first, so the stream of values does not depend on which tensors are constant.
             let vals: Vec<f32> = (0..n)
                 .map(|_| self.rng.random_range(-bound..=bound))
                 .collect();
+            let current = param
+                .val()
+                .try_into_vec_as::<f32>()
+                .expect("parameter reads back as f32");
+            if current.windows(2).all(|w| w[0] == w[1]) {
+                return param;
+            }
             param.map(|t| replace_values(t, vals, shape))
         }
     }

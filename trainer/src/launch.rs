@@ -8,6 +8,8 @@
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use wiretrain_comm::tls::Token;
 
@@ -28,6 +30,10 @@ pub enum LaunchError {
     Failed(Vec<String>),
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
+    #[error("stopped by a signal; the nodes finished their step and exited")]
+    Interrupted,
+    #[error("{0}")]
+    Signal(String),
 }
 
 /// Removes `--flag VALUE` and `--flag=VALUE` from an argument list.
@@ -66,8 +72,16 @@ fn temp_dir() -> std::io::Result<PathBuf> {
 /// Runs `nodes` copies of this executable with `args` (a subcommand and its flags, without
 /// any rendezvous flags), adds the rendezvous flags per node, and waits for all of them.
 /// When a node fails, the others get `grace` to notice and exit on their own before they are
-/// killed.
+/// killed. Ctrl-C (or SIGTERM) is passed on to every node, which stop cleanly after their
+/// current step.
 pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(), LaunchError> {
+    static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+    let forward = || {
+        for &pid in PIDS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+            crate::signal::terminate(pid);
+        }
+    };
+    let stop = crate::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
     let exe = std::env::current_exe()?;
     let dir = temp_dir()?;
     let addr_file = dir.join("master.addr");
@@ -90,8 +104,13 @@ pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(),
         } else {
             c.arg("--bind").arg(format!("127.0.0.{}:0", node + 1));
         }
-        c.spawn()
-            .map_err(|source| LaunchError::Spawn { node, source })
+        let child = c
+            .spawn()
+            .map_err(|source| LaunchError::Spawn { node, source })?;
+        PIDS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child.id());
+        Ok(child)
     };
     let mut children = vec![spawn(0, "127.0.0.1:0")?];
     let limit = Duration::from_secs(30);
@@ -121,7 +140,11 @@ pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(),
         }
     }
     let res = wait_all(children, grace);
+    PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();
     let _ = std::fs::remove_dir_all(&dir);
+    if stop.load(Ordering::SeqCst) {
+        return Err(LaunchError::Interrupted);
+    }
     res
 }
 
@@ -164,8 +187,14 @@ fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError
             None => Some(format!("node {i} did not exit")),
         })
         .collect();
+    let all_interrupted = status.iter().all(|s| {
+        s.is_some_and(|s| s.success() || s.code() == Some(crate::signal::INTERRUPTED_EXIT))
+    });
     if failures.is_empty() {
         Ok(())
+    } else if all_interrupted {
+        // A node was stopped by a signal (e.g. Ctrl-C on one machine) and took the job along.
+        Err(LaunchError::Interrupted)
     } else {
         Err(LaunchError::Failed(failures))
     }

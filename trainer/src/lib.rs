@@ -13,8 +13,11 @@ pub mod flat;
 pub mod launch;
 pub mod models;
 pub mod optim;
+pub mod plot;
+pub mod signal;
 pub mod strategy;
 pub mod trainer;
+pub mod units;
 
 pub use strategy::Strategy;
 pub use trainer::{MemoryReport, StepReport, TrainError, Trainer, TrainerConfig};

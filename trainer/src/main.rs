@@ -30,8 +30,9 @@ enum Cmd {
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+                tracing_subscriber::EnvFilter::new("warn,cubecl_runtime::throughput=error")
+            }),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -43,6 +44,10 @@ fn main() {
         Cmd::Devices => cli::devices::run(),
     };
     if let Err(e) = res {
+        if let Some(i) = e.downcast_ref::<cli::Interrupted>() {
+            eprintln!("wiretrain: {i}");
+            std::process::exit(wiretrain::signal::INTERRUPTED_EXIT);
+        }
         eprintln!("wiretrain: error: {e:#}");
         let usage = e.chain().any(|c| {
             let s = c.to_string();

@@ -7,6 +7,8 @@
 //!   all-gathered.
 //! * `Zero2`: as ZeRO-1, but each full-gradient bucket is flattened, reduce-scattered and
 //!   dropped before the next is read, so a rank holds its gradient shard plus one bucket.
+//! * `Zero3`: parameters sharded too; a unit's full parameters are all-gathered just before it
+//!   runs (forward and backward, prefetched) and freed after (see `trainer::zero3`).
 
 use serde::{Deserialize, Serialize};
 
@@ -16,6 +18,7 @@ pub enum Strategy {
     Ddp,
     Zero1,
     Zero2,
+    Zero3,
 }
 
 impl std::str::FromStr for Strategy {
@@ -25,7 +28,10 @@ impl std::str::FromStr for Strategy {
             "ddp" => Ok(Self::Ddp),
             "zero1" => Ok(Self::Zero1),
             "zero2" => Ok(Self::Zero2),
-            other => Err(format!("{other:?} is not a strategy (ddp, zero1, zero2)")),
+            "zero3" | "fsdp" => Ok(Self::Zero3),
+            other => Err(format!(
+                "{other:?} is not a strategy (ddp, zero1, zero2, zero3)"
+            )),
         }
     }
 }
@@ -36,6 +42,7 @@ impl std::fmt::Display for Strategy {
             Self::Ddp => "ddp",
             Self::Zero1 => "zero1",
             Self::Zero2 => "zero2",
+            Self::Zero3 => "zero3",
         })
     }
 }

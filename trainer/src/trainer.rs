@@ -12,12 +12,16 @@ use crate::flat::FlatLayout;
 use crate::optim::{OptimConfig, ShardOptimizer};
 use crate::strategy::Strategy;
 use burn::module::Module;
-use burn::optim::GradientsParams;
+use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
 use serde::Serialize;
 use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
+
+mod zero3;
 
 /// What can go wrong while training.
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +43,8 @@ pub struct TrainerConfig {
     pub lr: f64,
     /// Bucket size in bytes (f32 elements × 4); 25 MiB like PyTorch DDP.
     pub bucket_bytes: usize,
+    /// ZeRO-3: unit all-gathers in flight ahead of the unit computing (0 = no prefetch).
+    pub prefetch: usize,
 }
 
 impl TrainerConfig {
@@ -48,6 +54,7 @@ impl TrainerConfig {
             optim: OptimConfig::default(),
             lr: 1e-3,
             bucket_bytes: 25 << 20,
+            prefetch: 1,
         }
     }
 }
@@ -71,6 +78,9 @@ pub struct StepReport {
     pub comm_ms: f64,
     pub optim_ms: f64,
     pub step_ms: f64,
+    /// Some rank asked to stop (see [`Trainer::set_stop_flag`]); every rank gets the same
+    /// answer after the same step, so all of them can leave the loop together.
+    pub stop: bool,
 }
 
 pub struct Trainer<M: Module> {
@@ -83,16 +93,33 @@ pub struct Trainer<M: Module> {
     owned: Vec<Range<usize>>,
     opt: ShardOptimizer,
     memory: MemoryReport,
+    stop: Option<Arc<AtomicBool>>,
 }
 
 impl<M: Module> Trainer<M> {
     /// Checks that every rank has the same model, starts every rank from rank 0's parameters
-    /// and allocates this rank's optimizer state.
+    /// and allocates this rank's optimizer state. For [`Strategy::Zero3`] use
+    /// [`Trainer::with_units`].
     pub fn new(
         model: M,
         device: &Device,
         cfg: TrainerConfig,
+        pg: ProcessGroup,
+    ) -> Result<Self, TrainError> {
+        if cfg.strategy == Strategy::Zero3 {
+            return Err(TrainError::Config(
+                "zero3 needs a model cut into units: use Trainer::with_units".into(),
+            ));
+        }
+        Self::build(model, device, cfg, pg, None)
+    }
+
+    fn build(
+        model: M,
+        device: &Device,
+        cfg: TrainerConfig,
         mut pg: ProcessGroup,
+        units: Option<(Vec<Range<usize>>, FlatLayout)>,
     ) -> Result<Self, TrainError> {
         if cfg.bucket_bytes < 4 {
             return Err(TrainError::Config(format!(
@@ -100,15 +127,19 @@ impl<M: Module> Trainer<M> {
                 cfg.bucket_bytes
             )));
         }
-        let layout = FlatLayout::of(&model);
+        let (unit_ranges, layout) = match units {
+            Some((u, l)) => (Some(u), l),
+            None => (None, FlatLayout::of(&model)),
+        };
         check_agreement(&mut pg, &layout)?;
         let params = layout.flatten_params(&model);
         let params = pg.broadcast(params, 0).wait()?;
-        let model = layout.unflatten(model, &params);
-        let buckets = layout.buckets(cfg.bucket_bytes / 4);
+        let buckets = unit_ranges
+            .clone()
+            .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
         let owned: Vec<Range<usize>> = match cfg.strategy {
             Strategy::Ddp => std::iter::once(0..layout.total()).collect(),
-            Strategy::Zero1 | Strategy::Zero2 => buckets
+            Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => buckets
                 .iter()
                 .map(|b| {
                     let s = pg.shard_range(b.len());
@@ -117,13 +148,27 @@ impl<M: Module> Trainer<M> {
                 .collect(),
         };
         let owned_len: usize = owned.iter().map(|r| r.len()).sum();
+        let (model, params) = match &unit_ranges {
+            // At rest a ZeRO-3 rank holds its shard of every unit and a module of placeholders.
+            Some(u) => {
+                let shard: Vec<f32> = owned
+                    .iter()
+                    .flat_map(|r| params[r.clone()].to_vec())
+                    .collect();
+                (zero3::free_all(model, &layout, u), shard)
+            }
+            None => (layout.unflatten(model, &params), params),
+        };
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), owned_len);
         let max_bucket = buckets.iter().map(|b| b.len()).max().unwrap_or(0);
         let memory = MemoryReport {
-            params_bytes: 4 * layout.total(),
+            params_bytes: 4 * match cfg.strategy {
+                Strategy::Zero3 => owned_len + (1 + cfg.prefetch) * max_bucket,
+                _ => layout.total(),
+            },
             grads_bytes: 4 * match cfg.strategy {
                 Strategy::Ddp | Strategy::Zero1 => layout.total(),
-                Strategy::Zero2 => owned_len + max_bucket,
+                Strategy::Zero2 | Strategy::Zero3 => owned_len + max_bucket,
             },
             optim_bytes: opt.state_bytes(),
         };
@@ -137,6 +182,7 @@ impl<M: Module> Trainer<M> {
             owned,
             opt,
             memory,
+            stop: None,
         })
     }
 
@@ -152,9 +198,31 @@ impl<M: Module> Trainer<M> {
         &self.layout
     }
 
-    /// The full flat parameter vector (identical on every rank after each step).
+    /// The parameters this rank holds between steps: the full flat vector (identical on every
+    /// rank) for DDP, ZeRO-1 and ZeRO-2; this rank's shard of every unit for ZeRO-3.
     pub fn params(&self) -> &[f32] {
         &self.params
+    }
+
+    /// The full flat parameter vector on every rank. A collective under ZeRO-3 (every rank
+    /// must call it); a copy otherwise.
+    pub fn gather_params(&mut self) -> Result<Vec<f32>, TrainError> {
+        if self.cfg.strategy != Strategy::Zero3 {
+            return Ok(self.params.clone());
+        }
+        let mut full = vec![0.0f32; self.layout.total()];
+        let mut at = 0;
+        let mut works = Vec::with_capacity(self.buckets.len());
+        for (b, r) in self.buckets.iter().zip(&self.owned) {
+            let mut buf = vec![0.0f32; b.len()];
+            buf[self.pg.shard_range(b.len())].copy_from_slice(&self.params[at..at + r.len()]);
+            at += r.len();
+            works.push((b.clone(), self.pg.all_gather_in_place(buf)));
+        }
+        for (b, w) in works {
+            full[b].copy_from_slice(&w.wait()?);
+        }
+        Ok(full)
     }
 
     pub fn memory(&self) -> MemoryReport {
@@ -165,17 +233,59 @@ impl<M: Module> Trainer<M> {
         &mut self.pg
     }
 
+    /// A flag this rank raises to ask for a stop (e.g. on Ctrl-C). It travels with the step's
+    /// loss reduction, so every rank sees [`StepReport::stop`] after the same step.
+    pub fn set_stop_flag(&mut self, flag: Arc<AtomicBool>) {
+        self.stop = Some(flag);
+    }
+
     /// One training step: `loss_fn` runs the forward pass on this rank's batch and returns the
     /// mean loss; backward, gradient communication and the update follow.
     pub fn step(
         &mut self,
         loss_fn: impl FnOnce(&M) -> Tensor<1>,
     ) -> Result<StepReport, TrainError> {
+        let mut f = Some(loss_fn);
+        self.step_accumulate(1, |m, _| (f.take().expect("one micro-batch"))(m))
+    }
+
+    /// One optimizer step over `micro` micro-batches: `loss_fn(model, i)` returns the mean loss
+    /// of micro-batch `i`. Gradients accumulate on this rank's device with no communication
+    /// (like DDP's `no_sync`), then are averaged and communicated once. The micro-batches should
+    /// be of equal size, so the result equals one step on their union.
+    pub fn step_accumulate(
+        &mut self,
+        micro: usize,
+        mut loss_fn: impl FnMut(&M, usize) -> Tensor<1>,
+    ) -> Result<StepReport, TrainError> {
+        if micro == 0 {
+            return Err(TrainError::Config(
+                "accumulation needs at least one micro-batch".into(),
+            ));
+        }
+        if self.cfg.strategy == Strategy::Zero3 {
+            return Err(TrainError::Config(
+                "zero3 steps run unit by unit: use Trainer::step_units".into(),
+            ));
+        }
         let t0 = Instant::now();
         let model = self.model.take().expect("model present between steps");
-        let loss = loss_fn(&model);
-        let local_loss = loss.clone().into_scalar::<f32>();
-        let mut grads = GradientsParams::from_grads(loss.backward(), &model);
+        let mut local_loss = 0.0f32;
+        let mut acc = GradientsAccumulator::<M>::new();
+        let mut single = None;
+        for i in 0..micro {
+            let loss = loss_fn(&model, i);
+            local_loss += loss.clone().into_scalar::<f32>();
+            let g = GradientsParams::from_grads(loss.backward(), &model);
+            if micro == 1 {
+                single = Some(g);
+            } else {
+                acc.accumulate(&model, g);
+            }
+        }
+        let local_loss = local_loss / micro as f32;
+        let mut grads = single.unwrap_or_else(|| acc.grads());
+        let grad_scale = 1.0 / micro as f32;
         let mut compute = t0.elapsed();
         let mut comm = Duration::ZERO;
         let total = self.layout.total();
@@ -188,6 +298,7 @@ impl<M: Module> Trainer<M> {
                 for b in &self.buckets {
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    scale(&mut flat, grad_scale);
                     works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
                 }
                 compute += tf.elapsed();
@@ -200,6 +311,7 @@ impl<M: Module> Trainer<M> {
                 t_opt = Instant::now();
                 self.opt.step(self.cfg.lr, &mut self.params, &full);
             }
+            Strategy::Zero3 => unreachable!("refused above"),
             Strategy::Zero1 | Strategy::Zero2 => {
                 let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
                 let mut gshard = Vec::with_capacity(owned_len);
@@ -208,6 +320,7 @@ impl<M: Module> Trainer<M> {
                     let tf = Instant::now();
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    scale(&mut flat, grad_scale);
                     compute += tf.elapsed();
                     let w = self.pg.reduce_scatter_in_place(flat, ReduceOp::Mean);
                     if self.cfg.strategy == Strategy::Zero2 {
@@ -262,25 +375,53 @@ impl<M: Module> Trainer<M> {
         t0: Instant,
         local_loss: f32,
         compute: Duration,
-        mut comm: Duration,
+        comm: Duration,
         opt_time: Duration,
     ) -> Result<StepReport, TrainError> {
         let tu = Instant::now();
-        self.model = Some(self.layout.unflatten(model, &self.params));
-        let unflatten = tu.elapsed();
+        let model = self.layout.unflatten(model, &self.params);
+        let compute = compute + tu.elapsed();
+        self.finish_sharded(model, t0, local_loss, compute, comm, opt_time)
+    }
+
+    /// Puts the model back and agrees on the loss and the stop flag.
+    fn finish_sharded(
+        &mut self,
+        model: M,
+        t0: Instant,
+        local_loss: f32,
+        compute: Duration,
+        mut comm: Duration,
+        opt_time: Duration,
+    ) -> Result<StepReport, TrainError> {
+        self.model = Some(model);
         let tl = Instant::now();
-        let loss = self
+        let stop = self
+            .stop
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed));
+        let world = self.pg.world() as f32;
+        let agreed = self
             .pg
-            .all_reduce(vec![local_loss], ReduceOp::Mean)
-            .wait()?[0];
+            .all_reduce(vec![local_loss, f32::from(u8::from(stop))], ReduceOp::Sum)
+            .wait()?;
+        let (loss, stop) = (agreed[0] / world, agreed[1] > 0.0);
         comm += tl.elapsed();
         Ok(StepReport {
             loss,
-            compute_ms: (compute + unflatten).as_secs_f64() * 1e3,
+            compute_ms: compute.as_secs_f64() * 1e3,
             comm_ms: comm.as_secs_f64() * 1e3,
             optim_ms: opt_time.as_secs_f64() * 1e3,
             step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            stop,
         })
+    }
+}
+
+/// Divides accumulated gradients by the number of micro-batches (no-op for one).
+fn scale(v: &mut [f32], by: f32) {
+    if by != 1.0 {
+        v.iter_mut().for_each(|x| *x *= by);
     }
 }
 

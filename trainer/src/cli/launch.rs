@@ -53,5 +53,10 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
     child.push("--ranks-per-node".into());
     child.push(args.ranks_per_node.to_string().into());
     let grace = Duration::from_secs_f64(args.grace.clamp(1.0, 600.0));
-    wiretrain::launch::run_local(args.local, &child, grace).context("local launch")
+    match wiretrain::launch::run_local(args.local, &child, grace) {
+        Err(e @ wiretrain::launch::LaunchError::Interrupted) => {
+            Err(super::Interrupted(e.to_string()).into())
+        }
+        r => r.context("local launch"),
+    }
 }

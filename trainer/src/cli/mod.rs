@@ -6,6 +6,11 @@ pub mod launch;
 pub mod node;
 pub mod train;
 
+/// A run stopped cleanly by a signal (exit code 130).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Interrupted(pub String);
+
 /// Joins every rank thread; returns their results in rank order, or the first error (a
 /// panicked rank counts as an error).
 pub fn join_ranks<T>(

@@ -3,24 +3,33 @@
 
 use super::node::NodeArgs;
 use anyhow::{Context, Result, bail};
+use burn::module::Module;
+use burn::tensor::Tensor;
 use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Deserialize;
 use std::io::Write;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 use wiretrain::data::DistributedSampler;
 use wiretrain::device::{DeviceSpec, select};
+use wiretrain::models::Example;
+use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
 use wiretrain::models::mlp::{Dataset, Mlp};
+use wiretrain::plot::{PlotPoint, plot_run};
 use wiretrain::strategy::Strategy;
-use wiretrain::trainer::{Trainer, TrainerConfig};
+use wiretrain::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
+use wiretrain::units::{Act, Units};
 use wiretrain_comm::Node;
 
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
-    /// Built-in example to train: mlp.
+    /// Built-in example to train: mlp, char-lm.
     #[arg(long)]
     pub example: Option<String>,
-    /// Parallel strategy: ddp, zero1, zero2.
+    /// Parallel strategy: ddp, zero1, zero2, zero3 (alias fsdp).
     #[arg(long)]
     pub strategy: Option<String>,
     /// Optimizer steps.
@@ -41,6 +50,18 @@ pub struct TrainArgs {
     /// Gradient bucket size in bytes.
     #[arg(long)]
     pub bucket_bytes: Option<usize>,
+    /// Micro-batches accumulated locally per optimizer step (communication once per step).
+    #[arg(long)]
+    pub accumulate: Option<usize>,
+    /// ZeRO-3: unit all-gathers in flight ahead of the computing unit (0 turns prefetch off).
+    #[arg(long)]
+    pub prefetch: Option<usize>,
+    /// Write a PNG plot of loss and throughput here (default: the metrics path with .png).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// No progress bar (it is also hidden when stderr is not a terminal).
+    #[arg(long)]
+    pub no_progress: bool,
     /// Write one JSON line per step (and a summary line) here.
     #[arg(long)]
     pub metrics: Option<PathBuf>,
@@ -66,11 +87,15 @@ struct FileConfig {
     seed: Option<u64>,
     device: Option<String>,
     bucket_bytes: Option<usize>,
+    accumulate: Option<usize>,
+    prefetch: Option<usize>,
+    plot: Option<PathBuf>,
 }
 
 /// The resolved run settings.
 #[derive(Debug, Clone)]
 struct Run {
+    example: Example,
     strategy: Strategy,
     steps: usize,
     global_batch: usize,
@@ -78,6 +103,9 @@ struct Run {
     seed: u64,
     device: DeviceSpec,
     bucket_bytes: usize,
+    accumulate: usize,
+    prefetch: usize,
+    plot: Option<PathBuf>,
 }
 
 impl TrainArgs {
@@ -91,14 +119,13 @@ impl TrainArgs {
             }
             None => FileConfig::default(),
         };
-        let example = self
+        let example: Example = self
             .example
             .clone()
             .or(file.example)
-            .unwrap_or_else(|| "mlp".into());
-        if example != "mlp" {
-            bail!("--example: {example:?} is not a built-in example (mlp)");
-        }
+            .unwrap_or_else(|| "mlp".into())
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--example: {e}"))?;
         let strategy = self
             .strategy
             .clone()
@@ -115,7 +142,7 @@ impl TrainArgs {
         let device: DeviceSpec = device
             .parse()
             .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
-        let lr = self.lr.or(file.lr).unwrap_or(1e-2);
+        let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
         if !(lr.is_finite() && lr > 0.0) {
             bail!("--lr: {lr} must be a positive number");
         }
@@ -127,7 +154,26 @@ impl TrainArgs {
         if bucket_bytes < 4 {
             bail!("--bucket-bytes: {bucket_bytes} holds no f32 element");
         }
+        let accumulate = self.accumulate.or(file.accumulate).unwrap_or(1);
+        if accumulate == 0 {
+            bail!("--accumulate must be at least 1");
+        }
+        if accumulate > 1 && strategy == Strategy::Zero3 {
+            bail!(
+                "--accumulate: zero3 runs one micro-batch per step (accumulation is not built yet)"
+            );
+        }
+        let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
+        if prefetch > 16 {
+            bail!("--prefetch: {prefetch} units ahead is more than 16");
+        }
+        let plot = self
+            .plot
+            .clone()
+            .or(file.plot)
+            .or_else(|| self.metrics.as_ref().map(|m| m.with_extension("png")));
         Ok(Run {
+            example,
             strategy,
             steps,
             global_batch: self.global_batch.or(file.global_batch).unwrap_or(64),
@@ -135,117 +181,291 @@ impl TrainArgs {
             seed: self.seed.or(file.seed).unwrap_or(1),
             device,
             bucket_bytes,
+            accumulate,
+            prefetch,
+            plot,
         })
     }
 }
 
 /// Size of the synthetic mlp dataset.
 const DATASET: usize = 4096;
+/// Context length of the char-lm example.
+const CHAR_SEQ: usize = 64;
+
+/// The data of the chosen example, shared by this node's ranks.
+#[derive(Clone)]
+enum Data {
+    Mlp(Arc<Dataset>),
+    CharLm(Arc<Corpus>),
+}
+
+impl Data {
+    fn len(&self) -> usize {
+        match self {
+            Self::Mlp(d) => d.len(),
+            Self::CharLm(c) => c.len(),
+        }
+    }
+}
+
+/// What every rank of this node shares.
+#[derive(Clone)]
+struct Shared {
+    run: Run,
+    data: Data,
+    metrics: Option<PathBuf>,
+    save: Option<PathBuf>,
+    progress: bool,
+    stop: Arc<AtomicBool>,
+}
 
 pub fn run(args: &TrainArgs) -> Result<()> {
     let run = args.resolve()?;
     let cfg = args.node.config()?;
     let nnodes = cfg.nnodes();
     let world_guess = nnodes * cfg.ranks();
-    if !run.global_batch.is_multiple_of(world_guess) || run.global_batch == 0 {
+    let per_step = world_guess * run.accumulate;
+    if run.global_batch == 0 || !run.global_batch.is_multiple_of(per_step) {
         bail!(
-            "--global-batch {} must be a positive multiple of the world size {world_guess}",
-            run.global_batch
+            "--global-batch {} must be a positive multiple of the world size {world_guess} \
+             times --accumulate {}",
+            run.global_batch,
+            run.accumulate
         );
     }
+    let stop = wiretrain::signal::install(None).map_err(anyhow::Error::msg)?;
+    let data = match run.example {
+        Example::Mlp => Data::Mlp(Arc::new(Dataset::synthetic(DATASET, run.seed))),
+        Example::CharLm => Data::CharLm(Arc::new(Corpus::shipped(CHAR_SEQ))),
+    };
     let mut node = Node::join(cfg).context("joining the job")?;
     let groups = node.take_groups();
-    let data = std::sync::Arc::new(Dataset::synthetic(DATASET, run.seed));
+    let shared = Shared {
+        run,
+        data,
+        metrics: args.metrics.clone(),
+        save: args.save_params.clone(),
+        progress: !args.no_progress,
+        stop,
+    };
     let handles: Vec<_> = groups
         .into_iter()
         .map(|pg| {
-            let run = run.clone();
-            let data = data.clone();
-            let metrics = args.metrics.clone();
-            let save = args.save_params.clone();
-            std::thread::spawn(move || train_rank(pg, run, data, metrics, save))
+            let shared = shared.clone();
+            std::thread::spawn(move || train_rank(pg, shared))
         })
         .collect();
-    super::join_ranks(handles)?;
+    let outcomes = super::join_ranks(handles)?;
     node.shutdown().context("shutting down")?;
+    if let Some(step) = outcomes.iter().flatten().next() {
+        return Err(super::Interrupted(format!(
+            "stopped by a signal after step {step} on every rank; metrics and outputs are written"
+        ))
+        .into());
+    }
     Ok(())
 }
 
-fn train_rank(
-    pg: wiretrain_comm::ProcessGroup,
-    run: Run,
-    data: std::sync::Arc<Dataset>,
-    metrics: Option<PathBuf>,
-    save: Option<PathBuf>,
-) -> Result<()> {
-    let rank = pg.rank();
-    let world = pg.world();
-    let leader = rank == 0;
-    let rd = select(run.device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+/// Trains one rank; returns the last step done when a signal stopped the run early.
+fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usize>> {
+    let rd = select(sh.run.device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
     let device = rd.device.clone().autodiff();
-    if leader {
+    if pg.rank() == 0 {
         eprintln!(
-            "wiretrain: rank 0 trains on {}; world {world}; strategy {}",
-            rd.description, run.strategy
+            "wiretrain: rank 0 trains {} on {}; world {}; strategy {}",
+            sh.run.example,
+            rd.description,
+            pg.world(),
+            sh.run.strategy
         );
     }
-    let sampler = DistributedSampler::new(data.len(), run.global_batch, world, rank, run.seed)
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let model = Mlp::new(&device, run.seed);
-    let mut tc = TrainerConfig::new(run.strategy);
-    tc.lr = run.lr;
-    tc.bucket_bytes = run.bucket_bytes;
-    let mut trainer = Trainer::new(model, &device, tc, pg)?;
-    let mut out = match (&metrics, leader) {
+    let sampler = DistributedSampler::new(
+        sh.data.len(),
+        sh.run.global_batch,
+        pg.world(),
+        pg.rank(),
+        sh.run.seed,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
+    let mut tc = TrainerConfig::new(sh.run.strategy);
+    tc.lr = sh.run.lr;
+    tc.bucket_bytes = sh.run.bucket_bytes;
+    tc.prefetch = sh.run.prefetch;
+    match sh.data.clone() {
+        Data::Mlp(data) => train_model(
+            Mlp::new(&device, sh.run.seed),
+            (&device, tc, pg, sampler, &sh),
+            |m, idx| m.loss(&data, idx, &device),
+            |idx| Mlp::unit_io(&data, idx, &device),
+        ),
+        Data::CharLm(corpus) => train_model(
+            CharLmConfig::new(corpus.vocab_size())
+                .with_seq(corpus.seq())
+                .init(&device, sh.run.seed),
+            (&device, tc, pg, sampler, &sh),
+            |m, idx| m.loss(&corpus, idx, &device),
+            |idx| CharLm::unit_io(&corpus, idx, &device),
+        ),
+    }
+}
+
+/// What a rank trains with, besides the model.
+type RankSetup<'a> = (
+    &'a burn::tensor::Device,
+    TrainerConfig,
+    wiretrain_comm::ProcessGroup,
+    DistributedSampler,
+    &'a Shared,
+);
+
+/// Trains a unit model: unit by unit under ZeRO-3 (`unit_io` gives unit 0's input and the
+/// loss of the last unit's output), else whole-model steps of `--accumulate` micro-batches.
+fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
+    model: M,
+    (device, tc, pg, sampler, sh): RankSetup<'_>,
+    loss: impl Fn(&M, &[usize]) -> Tensor<1>,
+    unit_io: impl Fn(&[usize]) -> (Act, L),
+) -> Result<Option<usize>> {
+    if tc.strategy == Strategy::Zero3 {
+        let trainer = Trainer::with_units(model, device, tc, pg)?;
+        return train_loop(trainer, sampler, sh, |t, idx| {
+            let (x, l) = unit_io(idx);
+            t.step_units(x, l)
+        });
+    }
+    let micro = sh.run.accumulate;
+    let trainer = Trainer::new(model, device, tc, pg)?;
+    train_loop(trainer, sampler, sh, |t, idx| {
+        let per = idx.len() / micro;
+        t.step_accumulate(micro, |m, i| loss(m, &idx[i * per..(i + 1) * per]))
+    })
+}
+
+fn progress_bar(steps: usize, show: bool) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(
+        Some(steps as u64),
+        if show {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} (eta {eta})")
+            .expect("a valid progress template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Medians of the per-step time split (the first step, which compiles kernels, is left out
+/// when there are more).
+fn medians(reports: &[[f64; 4]]) -> serde_json::Value {
+    let skip = usize::from(reports.len() > 1);
+    let med = |k: usize| {
+        let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    serde_json::json!({
+        "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
+    })
+}
+
+fn train_loop<M: Module>(
+    mut trainer: Trainer<M>,
+    mut sampler: DistributedSampler,
+    sh: &Shared,
+    mut step_fn: impl FnMut(&mut Trainer<M>, &[usize]) -> Result<StepReport, TrainError>,
+) -> Result<Option<usize>> {
+    let run = &sh.run;
+    let leader = trainer.process_group().rank() == 0;
+    trainer.set_stop_flag(sh.stop.clone());
+    let mut out = match (&sh.metrics, leader) {
         (Some(p), true) => Some(std::io::BufWriter::new(
             std::fs::File::create(p).with_context(|| format!("--metrics {}", p.display()))?,
         )),
         _ => None,
     };
+    let bar = progress_bar(run.steps, leader && sh.progress);
     let t_start = Instant::now();
-    let mut first_loss = None;
-    let mut last_loss = 0.0;
+    let mut points: Vec<PlotPoint> = Vec::with_capacity(run.steps);
+    let mut split: Vec<[f64; 4]> = Vec::with_capacity(run.steps);
     let mut comm_total = 0.0;
+    let mut stopped = None;
+    let micro = run.accumulate;
     for step in 0..run.steps {
         let idx = sampler.indices(step);
-        let rep = trainer.step(|m| m.loss(&data, &idx, &device))?;
-        first_loss.get_or_insert(rep.loss);
-        last_loss = rep.loss;
+        let rep = step_fn(&mut trainer, &idx)?;
+        let samples_per_s = run.global_batch as f64 / (rep.step_ms / 1e3);
         comm_total += rep.comm_ms;
+        points.push(PlotPoint {
+            step,
+            loss: rep.loss as f64,
+            samples_per_s,
+        });
+        split.push([rep.step_ms, rep.compute_ms, rep.comm_ms, rep.optim_ms]);
         if let Some(o) = out.as_mut() {
             let line = serde_json::json!({
                 "step": step,
                 "loss": rep.loss,
-                "samples_per_s": run.global_batch as f64 / (rep.step_ms / 1e3),
+                "samples_per_s": samples_per_s,
                 "step_ms": rep.step_ms,
                 "comm_ms": rep.comm_ms,
                 "compute_ms": rep.compute_ms,
                 "optim_ms": rep.optim_ms,
             });
             writeln!(o, "{line}")?;
+            o.flush()?;
+        }
+        bar.set_position(step as u64 + 1);
+        bar.set_message(format!(
+            "loss {:.4} | {:.0} samples/s | comm {:.0}%",
+            rep.loss,
+            samples_per_s,
+            100.0 * rep.comm_ms / rep.step_ms.max(1e-9)
+        ));
+        if rep.stop {
+            stopped = Some(step);
+            break;
         }
     }
+    bar.finish_and_clear();
+    let steps_done = points.len();
     let elapsed = t_start.elapsed().max(Duration::from_micros(1));
+    let samples_per_s = (steps_done * run.global_batch) as f64 / elapsed.as_secs_f64();
     let mem = trainer.memory();
     // Memory of every rank, gathered to rank 0 for the summary.
-    let pg = trainer.process_group();
+    let world = trainer.process_group().world();
     let mine = [
         mem.params_bytes as u64,
         mem.grads_bytes as u64,
         mem.optim_bytes as u64,
     ];
-    let per_rank = gather_memory(pg, mine)?;
+    let per_rank = gather_memory(trainer.process_group(), mine)?;
+    let full_params = match &sh.save {
+        Some(_) => Some(trainer.gather_params()?),
+        None => None,
+    };
+    let first_loss = points.first().map(|p| p.loss);
+    let final_loss = points.last().map(|p| p.loss);
     if let Some(mut o) = out.take() {
         let summary = serde_json::json!({
             "summary": true,
+            "example": run.example.to_string(),
             "strategy": run.strategy.to_string(),
             "world": world,
             "steps": run.steps,
+            "steps_done": steps_done,
+            "stopped_early": stopped.is_some(),
             "global_batch": run.global_batch,
+            "accumulate": micro,
             "first_loss": first_loss,
-            "final_loss": last_loss,
-            "samples_per_s": (run.steps * run.global_batch) as f64 / elapsed.as_secs_f64(),
+            "final_loss": final_loss,
+            "samples_per_s": samples_per_s,
             "comm_share": comm_total / (elapsed.as_secs_f64() * 1e3),
+            "median": medians(&split),
             "params_total": trainer.layout().total(),
             "memory_per_rank": per_rank,
         });
@@ -254,22 +474,24 @@ fn train_rank(
     }
     if leader {
         eprintln!(
-            "wiretrain: {} steps, loss {:.4} -> {:.4}, {:.1} samples/s",
-            run.steps,
+            "wiretrain: {steps_done} steps, loss {:.4} -> {:.4}, {samples_per_s:.1} samples/s",
             first_loss.unwrap_or(0.0),
-            last_loss,
-            (run.steps * run.global_batch) as f64 / elapsed.as_secs_f64()
+            final_loss.unwrap_or(0.0),
         );
-        if let Some(p) = &save {
-            let bytes: Vec<u8> = trainer
-                .params()
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect();
+        if let (Some(p), Some(full)) = (&sh.save, &full_params) {
+            let bytes: Vec<u8> = full.iter().flat_map(|x| x.to_le_bytes()).collect();
             std::fs::write(p, bytes).with_context(|| format!("--save-params {}", p.display()))?;
         }
+        if let Some(p) = &run.plot {
+            let title = format!(
+                "{} {} world {world}, global batch {}",
+                run.example, run.strategy, run.global_batch
+            );
+            plot_run(p, &title, &points)?;
+            eprintln!("wiretrain: plot written to {}", p.display());
+        }
     }
-    Ok(())
+    Ok(stopped)
 }
 
 /// Every rank's [params, grads, optim] bytes, in rank order (each sent as three exact 16-bit

@@ -1,6 +1,7 @@
 //! `mlp`: synthetic classification. Inputs are seeded Gaussian-ish vectors; labels come from a
 //! fixed random teacher (argmax of a linear map), so the task is learnable and deterministic.
 
+use crate::units::{Act, Units};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
@@ -36,12 +37,56 @@ impl Mlp {
             .forward(relu(self.l2.forward(relu(self.l1.forward(x)))))
     }
 
+    /// The unit-model form of [`Mlp::loss`]: unit 0's input and the loss of the last unit's
+    /// output.
+    pub fn unit_io(
+        data: &Dataset,
+        idx: &[usize],
+        device: &Device,
+    ) -> (Act, impl FnOnce(Act) -> Tensor<1> + use<>) {
+        let (x, y) = data.batch(idx, device);
+        let device = device.clone();
+        (Act::F2(x), move |out: Act| {
+            let Act::F2(logits) = out else {
+                unreachable!("the mlp's last unit returns logits [batch, classes]")
+            };
+            CrossEntropyLossConfig::new()
+                .init(&device)
+                .forward(logits, y)
+        })
+    }
+
     /// Mean cross-entropy over the samples `idx` of `data`.
     pub fn loss(&self, data: &Dataset, idx: &[usize], device: &Device) -> Tensor<1> {
         let (x, y) = data.batch(idx, device);
         CrossEntropyLossConfig::new()
             .init(device)
             .forward(self.forward(x), y)
+    }
+}
+
+/// Three units, one per layer (ZeRO-3 gathers one layer at a time).
+impl Units for Mlp {
+    fn num_units(&self) -> usize {
+        3
+    }
+    fn unit_of(&self, path: &str) -> usize {
+        match path.split('.').next() {
+            Some("l1") => 0,
+            Some("l2") => 1,
+            _ => 2,
+        }
+    }
+    fn forward_unit(&self, unit: usize, x: Act) -> Act {
+        use burn::tensor::activation::relu;
+        let Act::F2(x) = x else {
+            unreachable!("mlp units take [batch, features] floats")
+        };
+        Act::F2(match unit {
+            0 => relu(self.l1.forward(x)),
+            1 => relu(self.l2.forward(x)),
+            _ => self.l3.forward(x),
+        })
     }
 }
 

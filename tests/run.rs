@@ -1,0 +1,205 @@
+//! Whole runs through the binary, as a user starts them: the char-lm example learns on
+//! 2 nodes x 2 ranks and leaves metrics and a PNG plot; a signal to the launcher, or to one
+//! node only, stops every rank cleanly after the same step (exit 130, summary written).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wiretrain-run-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn lines(p: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// The acceptance run: 200 steps, 2 nodes x 2 ranks, ZeRO-2, final loss below
+/// 0.8 x the initial loss. On the CPU backend (the lavapipe path of the same trainer is
+/// covered by tests/train.rs; here the figure of merit is learning, not the device).
+#[test]
+fn char_lm_learns_on_two_nodes_and_plots() {
+    let d = dir("char-lm");
+    let m = d.join("m.jsonl");
+    let out = common::run(
+        &[
+            "launch",
+            "--local",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--",
+            "train",
+            "--example",
+            "char-lm",
+            "--strategy",
+            "zero2",
+            "--steps",
+            "200",
+            "--device",
+            "cpu",
+            "--metrics",
+            m.to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(900),
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    let all = lines(&m);
+    let steps: Vec<f64> = all
+        .iter()
+        .filter(|v| v.get("summary").is_none())
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect();
+    assert_eq!(steps.len(), 200);
+    let first = steps[0];
+    let last10 = steps[190..].iter().sum::<f64>() / 10.0;
+    eprintln!(
+        "char-lm loss {first:.4} -> {:.4} (last 10 mean {last10:.4})",
+        steps[199]
+    );
+    assert!(
+        steps[199] < 0.8 * first && last10 < 0.8 * first,
+        "loss {first} -> {} (last 10 mean {last10})",
+        steps[199]
+    );
+    let summary = all.last().unwrap();
+    assert_eq!(summary["example"], "char-lm");
+    assert_eq!(summary["world"], 4);
+    assert_eq!(summary["stopped_early"], false);
+    let png = std::fs::read(d.join("m.png")).expect("the plot next to the metrics");
+    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+fn spawn_launch(m: &Path) -> Child {
+    Command::new(common::bin())
+        .args([
+            "launch",
+            "--local",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--",
+            "train",
+            "--example",
+            "mlp",
+            "--steps",
+            "100000000",
+            "--device",
+            "cpu",
+            "--metrics",
+        ])
+        .arg(m)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn wiretrain")
+}
+
+fn wait_for_steps(child: &mut Child, m: &Path, n: usize) {
+    let t0 = Instant::now();
+    while lines(m).len() < n {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before it was signalled"
+        );
+        if t0.elapsed() > Duration::from_secs(120) {
+            let _ = child.kill();
+            panic!("no {n} steps within 120 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn signal(pid: u32, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("kill(1)");
+    assert!(st.success());
+}
+
+/// Waits (bounded) for the launcher and checks the clean stop: exit 130, a summary that says
+/// so, a plot.
+fn check_clean_stop(mut child: Child, m: &Path) {
+    let t0 = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t0.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("no clean stop within 60 s of the signal");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{err}");
+    assert!(err.contains("stopped by a signal"), "{err}");
+    let all = lines(m);
+    let summary = all.last().unwrap();
+    assert_eq!(summary["stopped_early"], true, "{summary}");
+    let done = summary["steps_done"].as_u64().unwrap();
+    assert_eq!(done as usize, all.len() - 1);
+    assert!(m.with_extension("png").exists());
+}
+
+#[test]
+fn ctrl_c_at_the_launcher_stops_every_rank_cleanly() {
+    let d = dir("sigint-launcher");
+    let m = d.join("m.jsonl");
+    let mut child = spawn_launch(&m);
+    wait_for_steps(&mut child, &m, 5);
+    signal(child.id(), "-INT");
+    check_clean_stop(child, &m);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Like Ctrl-C on one machine of a multi-machine job: only node 1's process gets SIGINT; its
+/// request travels with the step's loss reduction and every rank stops after the same step.
+#[test]
+fn a_signal_at_one_node_stops_the_whole_job() {
+    let d = dir("sigint-node");
+    let m = d.join("m.jsonl");
+    let mut child = spawn_launch(&m);
+    wait_for_steps(&mut child, &m, 5);
+    let children = format!("/proc/{0}/task/{0}/children", child.id());
+    let Ok(pids) = std::fs::read_to_string(&children) else {
+        let _ = child.kill();
+        eprintln!("skipped: {children} is not readable on this system");
+        return;
+    };
+    let pids: Vec<u32> = pids
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect();
+    assert_eq!(pids.len(), 2, "two node processes: {pids:?}");
+    let node1 = pids
+        .iter()
+        .copied()
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .is_ok_and(|c| c.windows(14).any(|w| w == b"--node-rank\x001\x00"))
+        })
+        .expect("node 1 among the launcher's children");
+    signal(node1, "-INT");
+    check_clean_stop(child, &m);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -1,0 +1,419 @@
+//! ZeRO-3 (FSDP): parameters, gradients and optimizer state sharded; a unit's full parameters
+//! exist only while it runs.
+//!
+//! Forward: all-gather unit u (up to `prefetch` units ahead are in flight), write it into the
+//! module, run it graph-free on the saved boundary activation, free it. The last unit stays
+//! gathered and runs with autodiff together with the loss. Backward, last unit first:
+//! re-gather (prefetched), recompute the unit from its saved input, backpropagate the
+//! surrogate `sum(y * g)` (see [`crate::units`]), reduce-scatter the unit's gradient into this
+//! rank's shard, free the unit. Then each rank steps its shard; nothing is gathered after the
+//! update (the next forward gathers).
+
+use super::{TrainError, Trainer, TrainerConfig};
+use crate::flat::{FlatEntry, FlatLayout};
+use crate::strategy::Strategy;
+use crate::units::{Act, Units};
+use burn::module::{Module, ModuleMapper, Param};
+use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor, TensorData};
+use std::collections::VecDeque;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
+
+/// Unit ranges of the flat layout: unit `u` owns a contiguous run of entries, units in order.
+pub(super) fn unit_ranges<M: Units>(
+    model: &M,
+    layout: &FlatLayout,
+) -> Result<Vec<Range<usize>>, TrainError> {
+    let n = model.num_units();
+    if n == 0 {
+        return Err(TrainError::Config("a model with no units".into()));
+    }
+    let mut ranges: Vec<Option<Range<usize>>> = vec![None; n];
+    let mut last = 0;
+    for e in layout.entries() {
+        let u = model.unit_of(&e.path);
+        if u >= n {
+            return Err(TrainError::Config(format!(
+                "parameter {:?} is put in unit {u}, but the model has {n} units",
+                e.path
+            )));
+        }
+        if u < last {
+            return Err(TrainError::Config(format!(
+                "parameter {:?} is in unit {u} after a parameter of unit {last}; units must \
+                 follow module order",
+                e.path
+            )));
+        }
+        last = u;
+        let r = ranges[u].get_or_insert(e.offset..e.offset);
+        r.end = e.offset + e.len;
+    }
+    // A unit without parameters (e.g. an activation) gets an empty range at its place.
+    let mut at = 0;
+    Ok(ranges
+        .into_iter()
+        .map(|r| {
+            let r = r.unwrap_or(at..at);
+            at = r.end;
+            r
+        })
+        .collect())
+}
+
+/// Writes `values` (the unit's full flat parameters) into the module, or, with `None`, frees
+/// the unit: each parameter becomes a one-element placeholder (same id, same rank).
+fn set_unit<M: Module>(
+    model: M,
+    layout: &FlatLayout,
+    unit: &Range<usize>,
+    values: Option<&[f32]>,
+) -> M {
+    struct Set<'a> {
+        entries: &'a [FlatEntry],
+        index: usize,
+        unit: &'a Range<usize>,
+        values: Option<&'a [f32]>,
+    }
+    impl ModuleMapper for Set<'_> {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let e = &self.entries[self.index];
+            self.index += 1;
+            if !(e.offset >= self.unit.start && e.offset + e.len <= self.unit.end) || e.len == 0 {
+                return param;
+            }
+            let (vals, shape) = match self.values {
+                Some(v) => (
+                    v[e.offset - self.unit.start..e.offset - self.unit.start + e.len].to_vec(),
+                    e.shape.clone(),
+                ),
+                None => (vec![0.0], vec![1; D]),
+            };
+            param.map(|t| {
+                let fresh = Tensor::<D>::from_data(TensorData::new(vals, shape), &t.device());
+                if t.is_require_grad() {
+                    fresh.require_grad()
+                } else {
+                    fresh
+                }
+            })
+        }
+    }
+    model.map(&mut Set {
+        entries: layout.entries(),
+        index: 0,
+        unit,
+        values,
+    })
+}
+
+/// Frees every unit (the module at rest under ZeRO-3).
+pub(super) fn free_all<M: Module>(mut model: M, layout: &FlatLayout, units: &[Range<usize>]) -> M {
+    for u in units {
+        model = set_unit(model, layout, u, None);
+    }
+    model
+}
+
+/// Waits for `w`, adding the wait to `comm`.
+fn timed<T>(w: Work<T>, comm: &mut Duration) -> Result<T, TrainError> {
+    let t = Instant::now();
+    let v = w.wait()?;
+    *comm += t.elapsed();
+    Ok(v)
+}
+
+/// The all-gathers of the units ahead, at most `ahead + 1` in flight.
+struct Gathers {
+    queue: VecDeque<(usize, Work<Vec<f32>>)>,
+}
+
+impl Gathers {
+    fn issue(pg: &mut ProcessGroup, shard: &[f32], unit: &Range<usize>) -> Work<Vec<f32>> {
+        let mut buf = vec![0.0f32; unit.len()];
+        buf[pg.shard_range(unit.len())].copy_from_slice(shard);
+        pg.all_gather_in_place(buf)
+    }
+}
+
+impl<M: Units> Trainer<M> {
+    /// Like [`Trainer::new`], for a model cut into [`Units`]; the only way to build a
+    /// [`Strategy::Zero3`] trainer. Fails when the unit split does not follow module order.
+    pub fn with_units(
+        model: M,
+        device: &Device,
+        cfg: TrainerConfig,
+        pg: ProcessGroup,
+    ) -> Result<Self, TrainError> {
+        let layout = FlatLayout::of(&model);
+        let units = unit_ranges(&model, &layout)?;
+        if cfg.strategy != Strategy::Zero3 {
+            return Self::build(model, device, cfg, pg, None);
+        }
+        Self::build(model, device, cfg, pg, Some((units, layout)))
+    }
+
+    /// One step of a unit model: `input` goes to unit 0, `loss_fn` turns the last unit's
+    /// output into this rank's mean loss. Under ZeRO-3 the step runs unit by unit (module
+    /// doc); under the other strategies it is [`Trainer::step`] on the units run in order.
+    pub fn step_units(
+        &mut self,
+        input: Act,
+        loss_fn: impl FnOnce(Act) -> Tensor<1>,
+    ) -> Result<super::StepReport, TrainError> {
+        if self.cfg.strategy != Strategy::Zero3 {
+            return self.step(move |m| {
+                let x = (0..m.num_units()).fold(input, |x, u| m.forward_unit(u, x));
+                loss_fn(x)
+            });
+        }
+        let t0 = Instant::now();
+        let units = self.buckets.clone();
+        let n = units.len();
+        let ahead = self.cfg.prefetch;
+        let mut comm = Duration::ZERO;
+        let mut model = self.model.take().expect("model present between steps");
+        // Offsets of each unit's shard inside this rank's concatenated shard vector.
+        let mut at = 0;
+        let shard_of: Vec<Range<usize>> = self
+            .owned
+            .iter()
+            .map(|r| {
+                let s = at..at + r.len();
+                at = s.end;
+                s
+            })
+            .collect();
+        let mut gathers = Gathers {
+            queue: VecDeque::new(),
+        };
+        let mut next = 0usize;
+        let mut fill = |g: &mut Gathers, pg: &mut ProcessGroup, upto: usize, params: &[f32]| {
+            while next < n && next <= upto {
+                let w = Gathers::issue(pg, &params[shard_of[next].clone()], &units[next]);
+                g.queue.push_back((next, w));
+                next += 1;
+            }
+        };
+        // Forward, graph-free except the last unit.
+        let mut loss_fn = Some(loss_fn);
+        let mut saved: Vec<Act> = Vec::with_capacity(n);
+        let mut x = Some(input);
+        let mut last_leaf = None;
+        let mut loss_val = None;
+        let mut grads_last = None;
+        #[allow(clippy::needless_range_loop)] // u also orders the gathers
+        for u in 0..n {
+            fill(&mut gathers, &mut self.pg, u + ahead, &self.params);
+            let (gu, w) = gathers.queue.pop_front().expect("unit gather issued");
+            debug_assert_eq!(gu, u);
+            let full = timed(w, &mut comm)?;
+            model = set_unit(model, &self.layout, &units[u], Some(&full));
+            drop(full);
+            let xin = x.take().expect("an input for every unit");
+            if u + 1 < n {
+                saved.push(xin.clone().detached());
+                x = Some(model.forward_unit(u, xin).detached());
+                model = set_unit(model, &self.layout, &units[u], None);
+            } else {
+                let leaf = xin.fresh_leaf();
+                saved.push(xin);
+                let loss_fn = loss_fn.take().expect("one loss");
+                let loss = loss_fn(model.forward_unit(u, leaf.clone()));
+                loss_val = Some(loss.clone().into_scalar::<f32>());
+                grads_last = Some(loss.backward());
+                last_leaf = Some(leaf);
+            }
+        }
+        // Backward, last unit first; backward gathers are issued in reverse order.
+        let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
+        let mut gshard = vec![0.0f32; owned_len];
+        let mut pending: Option<(usize, Work<Vec<f32>>)> = None;
+        let mut back: VecDeque<(usize, Work<Vec<f32>>)> = VecDeque::new();
+        let mut next_back = n.saturating_sub(1); // units below this still need a gather
+        let mut g: Option<Act> = None;
+        for u in (0..n).rev() {
+            // Gathers for units u-1 .. u-ahead are in flight while unit u computes.
+            while next_back > 0 && next_back + ahead > u {
+                next_back -= 1;
+                let w = Gathers::issue(
+                    &mut self.pg,
+                    &self.params[shard_of[next_back].clone()],
+                    &units[next_back],
+                );
+                back.push_back((next_back, w));
+            }
+            let grads = if u + 1 == n {
+                let grads = grads_last.take().expect("the loss ran");
+                g = last_leaf.as_ref().and_then(|l| l.grad(&grads));
+                grads
+            } else {
+                let (gu, w) = back.pop_front().expect("unit gather issued");
+                debug_assert_eq!(gu, u);
+                let full = timed(w, &mut comm)?;
+                model = set_unit(model, &self.layout, &units[u], Some(&full));
+                drop(full);
+                let leaf = saved[u].fresh_leaf();
+                let y = model.forward_unit(u, leaf.clone());
+                let gin = g.take().ok_or_else(|| {
+                    TrainError::Config(format!("unit {} produced no input gradient", u + 1))
+                })?;
+                let s = y.surrogate(&gin).ok_or_else(|| {
+                    TrainError::Config(format!(
+                        "unit {u} must output a float activation matching its gradient"
+                    ))
+                })?;
+                let grads = s.backward();
+                g = if u > 0 { leaf.grad(&grads) } else { None };
+                grads
+            };
+            saved.truncate(u);
+            let mut gp = GradientsParams::from_grads(grads, &model);
+            let mut flat = Vec::new();
+            self.layout
+                .flatten_grads(&mut gp, units[u].clone(), &mut flat);
+            drop(gp);
+            model = set_unit(model, &self.layout, &units[u], None);
+            // One unit's reduce-scatter in flight while the next unit computes.
+            if let Some((pu, w)) = pending.take() {
+                let buf = timed(w, &mut comm)?;
+                gshard[shard_of[pu].clone()]
+                    .copy_from_slice(&buf[self.pg.shard_range(units[pu].len())]);
+            }
+            pending = Some((u, self.pg.reduce_scatter_in_place(flat, ReduceOp::Mean)));
+        }
+        if let Some((pu, w)) = pending.take() {
+            let buf = timed(w, &mut comm)?;
+            gshard[shard_of[pu].clone()]
+                .copy_from_slice(&buf[self.pg.shard_range(units[pu].len())]);
+        }
+        let compute = t0.elapsed().saturating_sub(comm);
+        let t_opt = Instant::now();
+        self.opt.step(self.cfg.lr, &mut self.params, &gshard);
+        let opt_time = t_opt.elapsed();
+        self.finish_sharded(
+            model,
+            t0,
+            loss_val.unwrap_or(f32::NAN),
+            compute,
+            comm,
+            opt_time,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::DistributedSampler;
+    use crate::models::char_lm::{CharLm, CharLmConfig, Corpus};
+    use wiretrain_comm::{Node, NodeConfig, tls::Token};
+
+    /// Final flat parameters and per-step losses of `steps` steps of a tiny char-lm, with
+    /// `world` rank threads in one node.
+    fn run(
+        strategy: Strategy,
+        world: usize,
+        prefetch: usize,
+        steps: usize,
+    ) -> (Vec<f32>, Vec<f32>) {
+        let corpus = std::sync::Arc::new(Corpus::shipped(16));
+        let mut node = Node::join(NodeConfig::single_node(world, Token::generate())).unwrap();
+        let handles: Vec<_> = node
+            .take_groups()
+            .into_iter()
+            .map(|pg| {
+                let corpus = corpus.clone();
+                std::thread::spawn(move || {
+                    let device = Device::flex().autodiff();
+                    let mut sampler =
+                        DistributedSampler::new(corpus.len(), 12, pg.world(), pg.rank(), 5)
+                            .unwrap();
+                    let model = CharLmConfig::new(corpus.vocab_size())
+                        .with_seq(16)
+                        .with_d_model(16)
+                        .with_d_ff(32)
+                        .init(&device, 4);
+                    let mut cfg = TrainerConfig::new(strategy);
+                    cfg.prefetch = prefetch;
+                    // SGD: the attention's key bias has a gradient that is zero in exact
+                    // arithmetic; AdamW would turn its rounding noise (which depends on the
+                    // summation order, hence on the world size) into full-size updates.
+                    cfg.optim = crate::optim::OptimConfig::Sgd {
+                        momentum: 0.9,
+                        weight_decay: 0.0,
+                    };
+                    cfg.lr = 0.5;
+                    let mut t = Trainer::with_units(model, &device, cfg, pg).unwrap();
+                    let mut losses = vec![];
+                    for s in 0..steps {
+                        let idx = sampler.indices(s);
+                        let (x, loss) = CharLm::unit_io(&corpus, &idx, &device);
+                        losses.push(t.step_units(x, loss).unwrap().loss);
+                    }
+                    (t.gather_params().unwrap(), losses)
+                })
+            })
+            .collect();
+        let mut out: Vec<_> = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        node.shutdown().unwrap();
+        for o in &out[1..] {
+            assert_eq!(o.0, out[0].0, "every rank gathers the same parameters");
+        }
+        out.swap_remove(0)
+    }
+
+    #[test]
+    fn zero3_matches_single_rank_training_with_and_without_prefetch() {
+        let (p1, l1) = run(Strategy::Ddp, 1, 1, 6);
+        for (world, prefetch) in [(1, 1), (2, 1), (3, 0), (2, 2)] {
+            let (p, l) = run(Strategy::Zero3, world, prefetch, 6);
+            let worst = p1
+                .iter()
+                .zip(&p)
+                .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
+                .fold(0.0, f32::max);
+            assert!(worst < 1e-5, "world {world} prefetch {prefetch}: {worst}");
+            for (a, b) in l1.iter().zip(&l) {
+                assert!(((a - b) / a).abs() < 1e-5, "loss {a} vs {b}");
+            }
+        }
+        assert!(l1[5] < l1[0], "it learns: {l1:?}");
+    }
+
+    #[derive(Module, Debug)]
+    struct Reversed {
+        inner: crate::models::mlp::Mlp,
+    }
+
+    impl Units for Reversed {
+        fn num_units(&self) -> usize {
+            3
+        }
+        fn unit_of(&self, path: &str) -> usize {
+            2 - self.inner.unit_of(path.trim_start_matches("inner."))
+        }
+        fn forward_unit(&self, unit: usize, x: Act) -> Act {
+            self.inner.forward_unit(2 - unit, x)
+        }
+    }
+
+    #[test]
+    fn a_unit_split_against_module_order_is_refused() {
+        let device = Device::flex();
+        let m = crate::models::mlp::Mlp::new(&device, 1);
+        let layout = FlatLayout::of(&m);
+        let r = unit_ranges(&m, &layout).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r[2].end, layout.total());
+        let bad = Reversed { inner: m };
+        let layout = FlatLayout::of(&bad);
+        let err = unit_ranges(&bad, &layout).unwrap_err().to_string();
+        assert!(
+            err.contains("module order") && err.contains("inner.l2"),
+            "{err}"
+        );
+    }
+}
