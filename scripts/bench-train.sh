@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Step-time figures for docs/BENCHMARKS.md, measured on this machine in one run:
 #  1. world-size-1 overhead against plain Burn (examples/overhead.rs, interleaved steps);
-#  2. the step-time split (compute, exposed comm, optimizer) of DDP, ZeRO-1 and ZeRO-2 on
+#  2. the step-time split (compute, exposed comm, optimizer) of DDP and ZeRO-1/2/3 on
 #     2 node processes over QUIC on loopback (medians over the steps after the first).
 # Env: PROFILE (debug|release, default debug: deps at opt-level 2), DEVICE (cpu), STEPS (30),
 # EXAMPLE (char-lm), BATCH (32), RANKS (ranks per node, 1).
@@ -23,7 +23,7 @@ printf "| %-8s | %8s | %8s | %8s | %8s | %8s |\n" strategy step compute comm opt
 printf "|----------|----------|----------|----------|----------|----------|\n"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for s in ddp zero1 zero2; do
+for s in ddp zero1 zero2 zero3; do
   "$BIN" launch --local 2 --ranks-per-node "$RANKS" -- train --example "$EXAMPLE" --strategy "$s" \
     --steps "$STEPS" --global-batch "$BATCH" --device "$DEVICE" --no-progress \
     --metrics "$tmp/$s.jsonl" --plot "$tmp/$s.png" 2>/dev/null

@@ -4,6 +4,35 @@
 //! `wiretrain-comm` crate, re-exported as [`comm`]: rendezvous, shared-buffer and QUIC
 //! transports, and the collectives (all-reduce, reduce-scatter, all-gather, broadcast,
 //! barrier) with non-blocking [`comm::Work`] handles.
+//!
+//! A [`Trainer`] runs one optimizer step of any Burn module under a [`Strategy`] (DDP, ZeRO-1,
+//! ZeRO-2; ZeRO-3 for models cut into [`units::Units`]) across the ranks of a process group:
+//!
+//! ```
+//! use wiretrain::comm::{Node, NodeConfig, tls::Token};
+//! use wiretrain::models::mlp::{Dataset, Mlp};
+//! use wiretrain::{Strategy, Trainer, TrainerConfig, data::DistributedSampler};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let data = Dataset::synthetic(512, 1);
+//! // One node with one rank; `NodeConfig::new` joins a multi-node job instead.
+//! let mut node = Node::join(NodeConfig::single_node(1, Token::generate()))?;
+//! let pg = node.take_groups().pop().expect("one rank");
+//! let device = burn::tensor::Device::flex().autodiff();
+//! let mut sampler = DistributedSampler::new(data.len(), 32, pg.world(), pg.rank(), 1)?;
+//! let mut cfg = TrainerConfig::new(Strategy::Zero2);
+//! cfg.lr = 1e-2;
+//! let mut trainer = Trainer::new(Mlp::new(&device, 1), &device, cfg, pg)?;
+//! let mut losses = Vec::new();
+//! for step in 0..30 {
+//!     let idx = sampler.indices(step);
+//!     losses.push(trainer.step(|m| m.loss(&data, &idx, &device))?.loss);
+//! }
+//! assert!(losses[29] < losses[0]);
+//! node.shutdown()?;
+//! # Ok(())
+//! # }
+//! ```
 
 pub use wiretrain_comm as comm;
 

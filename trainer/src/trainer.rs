@@ -1,12 +1,11 @@
 //! The trainer: runs one optimizer step of a Burn module under a [`Strategy`] across the
 //! ranks of a [`ProcessGroup`].
 //!
-//! ```ignore
-//! let mut trainer = Trainer::new(model, &device, TrainerConfig::new(Strategy::Zero2), pg)?;
-//! for step in 0..steps {
-//!     let report = trainer.step(|m| m.loss(&batch))?;   // forward + backward + comm + update
-//! }
-//! ```
+//! A complete, tested example is in the crate documentation ([`crate`]); in short:
+//! `Trainer::new(model, &device, TrainerConfig::new(Strategy::Zero2), pg)?`, then per step
+//! `trainer.step(|m| m.loss(&batch))?` (forward, backward, communication, update), or
+//! `trainer.step_accumulate(k, |m, i| ...)` for k micro-batches per step, or, for ZeRO-3,
+//! `Trainer::with_units` and `trainer.step_units(input, loss_fn)`.
 
 use crate::flat::FlatLayout;
 use crate::optim::{OptimConfig, ShardOptimizer};
