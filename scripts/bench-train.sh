@@ -19,11 +19,11 @@ echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr), profile $PROFILE, devic
 echo "## world size 1: wiretrain (DDP) against plain Burn, $EXAMPLE, batch $BATCH"
 "$T/$PROFILE/examples/overhead" "$EXAMPLE" "$DEVICE" "$STEPS" "$BATCH" | grep -v '^{'
 echo "## 2 nodes x $RANKS rank(s), QUIC on loopback, $EXAMPLE, global batch $BATCH, medians of $STEPS steps (ms)"
-printf "| %-8s | %8s | %8s | %8s | %8s | %8s |\n" strategy step compute comm optim "comm %"
-printf "|----------|----------|----------|----------|----------|----------|\n"
+printf "| %-8s | %8s | %8s | %8s | %8s | %8s | %10s |\n" strategy step compute comm optim "comm %" "sent KB"
+printf "|----------|----------|----------|----------|----------|----------|------------|\n"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-for s in ddp zero1 zero2 zero3; do
+for s in ddp zero1 zero2 zero3 hybrid; do
   "$BIN" launch --local 2 --ranks-per-node "$RANKS" -- train --example "$EXAMPLE" --strategy "$s" \
     --steps "$STEPS" --global-batch "$BATCH" --device "$DEVICE" --no-progress \
     --metrics "$tmp/$s.jsonl" --plot "$tmp/$s.png" 2>/dev/null
@@ -31,6 +31,6 @@ for s in ddp zero1 zero2 zero3; do
 import json, sys
 s = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 m = s["median"]
-print(f"| {sys.argv[2]:<8} | {m['step_ms']:8.2f} | {m['compute_ms']:8.2f} | {m['comm_ms']:8.2f} | {m['optim_ms']:8.2f} | {100*m['comm_ms']/m['step_ms']:7.1f}% |")
+print(f"| {sys.argv[2]:<8} | {m['step_ms']:8.2f} | {m['compute_ms']:8.2f} | {m['comm_ms']:8.2f} | {m['optim_ms']:8.2f} | {100*m['comm_ms']/m['step_ms']:7.1f}% | {m['sent_bytes']/1e3:10.1f} |")
 PY
 done

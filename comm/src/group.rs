@@ -47,10 +47,15 @@ pub enum OpKind {
     Broadcast,
     Barrier,
     P2p,
+    /// All-reduce whose result is kept only where this rank owns it: its node pieces
+    /// ([`ProcessGroup::node_pieces`]); no gather inside the node.
+    HybridReduce,
+    /// Gather inside the node only: every rank contributes its node pieces.
+    NodeGather,
 }
 
 impl OpKind {
-    pub const MAX_CODE: u8 = 6;
+    pub const MAX_CODE: u8 = 8;
 
     pub fn code(self) -> u8 {
         match self {
@@ -60,6 +65,8 @@ impl OpKind {
             Self::Broadcast => 4,
             Self::Barrier => 5,
             Self::P2p => 6,
+            Self::HybridReduce => 7,
+            Self::NodeGather => 8,
         }
     }
 
@@ -71,6 +78,8 @@ impl OpKind {
             Self::Broadcast => "broadcast",
             Self::Barrier => "barrier",
             Self::P2p => "p2p",
+            Self::HybridReduce => "hybrid_reduce",
+            Self::NodeGather => "node_gather",
         }
     }
 }
@@ -148,6 +157,7 @@ pub struct ProcessGroup {
     next_seq: u64,
     tx: Option<mpsc::Sender<Job>>,
     worker: Option<std::thread::JoinHandle<()>>,
+    sent: Option<Arc<std::sync::atomic::AtomicU64>>,
 }
 
 impl fmt::Debug for ProcessGroup {
@@ -175,6 +185,14 @@ impl ProcessGroup {
     }
     pub fn table(&self) -> &RankTable {
         &self.table
+    }
+
+    /// Bytes this rank has sent to other nodes so far (QUIC frame payloads and headers, as
+    /// written to the streams; 0 for a rank that carries no lane or a single-node job).
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent
+            .as_ref()
+            .map_or(0, |s| s.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// This rank's shard of a buffer of `len` elements (reduce-scatter output, all-gather input).
@@ -317,6 +335,42 @@ impl ProcessGroup {
     /// Raw transport measurement: lane owners send the first half of `buf` to the next node
     /// and receive the second half from the previous node, both directions at once.
     /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
+    /// The ranges of a buffer of `len` elements this rank owns in hybrid sharding: its node's
+    /// share, cut among the node's ranks, identical (by position) on every node. Empty for a
+    /// rank beyond the smallest node's rank count.
+    pub fn node_pieces(&self, len: usize) -> Vec<std::ops::Range<usize>> {
+        let lay = Layout::new(&self.table, len);
+        if self.local_rank < lay.lanes() {
+            lay.lane_pieces(self.local_rank)
+        } else {
+            Vec::new()
+        }
+    }
+
+    /// Hybrid sharding's gradient reduction, in place: `buf` comes back reduced over all ranks
+    /// on [`ProcessGroup::node_pieces`] (the rest is scratch). Inside a node it is a
+    /// reduce-scatter over shared memory; across nodes only the pieces travel, each lane
+    /// all-reducing its own (HSDP: shard inside the node, replicate across nodes).
+    pub fn hybrid_reduce_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
+        self.submit(OpKind::HybridReduce, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            let r = ex.collective(id, &mut buf, len, 0, op);
+            keep_or_leak(r, buf)
+        })
+    }
+
+    /// Gather inside the node: `buf` holds this rank's values on its node pieces and comes
+    /// back complete from the node's other ranks, with no traffic between nodes.
+    pub fn node_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
+        self.submit(OpKind::NodeGather, move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
+            keep_or_leak(r, buf)
+        })
+    }
+
     pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.submit(OpKind::P2p, move |ex, id| {
             let mut buf = buf;
@@ -536,7 +590,7 @@ impl Executor {
             return self.barrier(id, bytes, deadline);
         }
         match id.kind {
-            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Barrier => {
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Barrier | OpKind::HybridReduce => {
                 if let Some(l) = my_lane {
                     let pieces = lay.lane_pieces(l);
                     if k > 1 {
@@ -577,7 +631,9 @@ impl Executor {
                     }
                 }
                 self.barrier(id, bytes, deadline)?;
-                if id.kind == OpKind::ReduceScatter {
+                if id.kind == OpKind::HybridReduce {
+                    // Each rank keeps its lane's pieces; nothing to gather.
+                } else if id.kind == OpKind::ReduceScatter {
                     let mine = lay.chunk(self.rank);
                     for l in (0..lanes).filter(|&l| l != j) {
                         let r = intersect(&mine, &lay.piece(n, l));
@@ -651,6 +707,13 @@ impl Executor {
                     }
                 }
             }
+            OpKind::NodeGather => {
+                for l in (0..lanes).filter(|&l| l != j) {
+                    for r in lay.lane_pieces(l) {
+                        copy_from(&peers, l, j, r);
+                    }
+                }
+            }
             OpKind::P2p => unreachable!("p2p has its own path"),
         }
         self.barrier(id, bytes, deadline)
@@ -671,8 +734,11 @@ impl Executor {
             OpKind::AllReduce | OpKind::Barrier => unsafe {
                 sum_into(peers, j, k, mine, divisor, true)
             },
-            OpKind::ReduceScatter => unsafe { sum_into(peers, j, k, mine, divisor, false) },
-            OpKind::AllGather => {
+            // With one node, node pieces are the ranks' chunks.
+            OpKind::ReduceScatter | OpKind::HybridReduce => unsafe {
+                sum_into(peers, j, k, mine, divisor, false)
+            },
+            OpKind::AllGather | OpKind::NodeGather => {
                 for i in (0..k).filter(|&i| i != j) {
                     copy_from(peers, i, j, lay.chunk(i));
                 }
@@ -837,13 +903,15 @@ impl Node {
         let mut groups = Vec::with_capacity(k);
         for local in 0..k {
             let rank = table.global_rank(node, local);
+            let lane = lanes.get_mut(local).and_then(Option::take);
+            let sent = lane.as_ref().map(|l| l.sent.clone());
             let mut ex = Executor {
                 rank,
                 local,
                 node,
                 table: table.clone(),
                 shared: shared.clone(),
-                lane: lanes.get_mut(local).and_then(Option::take),
+                lane,
                 rt: runtime.handle().clone(),
                 timeout: cfg.collective_timeout,
                 failed: None,
@@ -869,6 +937,7 @@ impl Node {
                 next_seq: 0,
                 tx: Some(tx),
                 worker: Some(worker),
+                sent,
             });
         }
         Ok(Node {

@@ -198,3 +198,73 @@ fn invalid_calls_are_errors_not_panics() {
     assert!(e1.contains("root 5"), "{e1}");
     assert!(e2.contains("shard has 2 elements"), "{e2}");
 }
+
+/// Hybrid sharding's two collectives: after `hybrid_reduce_in_place` every rank holds the sum
+/// over all ranks on its node pieces; the node pieces of one node's ranks partition the buffer
+/// and are the same positions on every node; `node_gather_in_place` completes the buffer from
+/// the node's own ranks.
+#[test]
+fn hybrid_reduce_and_node_gather() {
+    for shape in [vec![2usize, 2], vec![3], vec![1, 1], vec![2, 3]] {
+        let res = cluster(
+            &shape,
+            "tok",
+            |mut pg| -> Result<Vec<std::ops::Range<usize>>, String> {
+                let len = 1003;
+                let world = pg.world();
+                let input: Vec<f32> = (0..len).map(|i| (pg.rank() * 7 + i % 13) as f32).collect();
+                let want: Vec<f32> = (0..len)
+                    .map(|i| (0..world).map(|r| (r * 7 + i % 13) as f32).sum())
+                    .collect();
+                let pieces = pg.node_pieces(len);
+                let out = pg
+                    .hybrid_reduce_in_place(input, ReduceOp::Sum)
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                for r in &pieces {
+                    if out[r.clone()] != want[r.clone()] {
+                        return Err(format!("rank {} piece {r:?} not reduced", pg.rank()));
+                    }
+                }
+                // Each rank writes rank-tagged values on its pieces; the node gather fills the rest.
+                let mut buf = vec![f32::NAN; len];
+                for r in &pieces {
+                    for i in r.clone() {
+                        buf[i] = want[i] + 0.5;
+                    }
+                }
+                let full = pg
+                    .node_gather_in_place(buf)
+                    .wait()
+                    .map_err(|e| e.to_string())?;
+                // A rank beyond the smallest node's count owns nothing but still gets everything.
+                if full.iter().zip(&want).any(|(a, b)| *a != b + 0.5) {
+                    return Err(format!("rank {} gathered a wrong buffer", pg.rank()));
+                }
+                Ok(pieces)
+            },
+        );
+        let nodes: Vec<Vec<Vec<std::ops::Range<usize>>>> = res
+            .into_iter()
+            .map(|n| n.unwrap().into_iter().map(|r| r.unwrap()).collect())
+            .collect();
+        // Same positions on every node; a node's pieces cover the buffer exactly once.
+        let lanes = *shape.iter().min().unwrap();
+        for node in &nodes {
+            let mut cover = vec![0u32; 1003];
+            for (l, p) in node.iter().enumerate() {
+                if l < lanes {
+                    assert_eq!(p, &nodes[0][l], "{shape:?}: lane {l} differs between nodes");
+                }
+                for r in p {
+                    r.clone().for_each(|i| cover[i] += 1);
+                }
+                assert_eq!(p.is_empty(), l >= lanes, "{shape:?}: lane {l}");
+            }
+            assert!(
+                cover.iter().all(|&c| c == 1),
+                "{shape:?}: pieces partition the buffer"
+            );
+        }
+    }
+}

@@ -7,6 +7,10 @@
 //!   all-gathered.
 //! * `Zero2`: as ZeRO-1, but each full-gradient bucket is flattened, reduce-scattered and
 //!   dropped before the next is read, so a rank holds its gradient shard plus one bucket.
+//! * `Hybrid`: ZeRO-2 inside each node, replication across nodes (FSDP's HYBRID_SHARD_ZERO2):
+//!   gradients are reduced over all ranks but each rank keeps only its node pieces; optimizer
+//!   state is sharded among a node's ranks; updated parameters are gathered inside the node
+//!   only, so the traffic between nodes is the gradient reduction alone.
 //! * `Zero3`: parameters sharded too; a unit's full parameters are all-gathered just before it
 //!   runs (forward and backward, prefetched) and freed after (see `trainer::zero3`).
 
@@ -19,6 +23,7 @@ pub enum Strategy {
     Zero1,
     Zero2,
     Zero3,
+    Hybrid,
 }
 
 impl std::str::FromStr for Strategy {
@@ -29,8 +34,9 @@ impl std::str::FromStr for Strategy {
             "zero1" => Ok(Self::Zero1),
             "zero2" => Ok(Self::Zero2),
             "zero3" | "fsdp" => Ok(Self::Zero3),
+            "hybrid" => Ok(Self::Hybrid),
             other => Err(format!(
-                "{other:?} is not a strategy (ddp, zero1, zero2, zero3)"
+                "{other:?} is not a strategy (ddp, zero1, zero2, zero3, hybrid)"
             )),
         }
     }
@@ -43,6 +49,7 @@ impl std::fmt::Display for Strategy {
             Self::Zero1 => "zero1",
             Self::Zero2 => "zero2",
             Self::Zero3 => "zero3",
+            Self::Hybrid => "hybrid",
         })
     }
 }

@@ -77,6 +77,8 @@ pub struct StepReport {
     pub comm_ms: f64,
     pub optim_ms: f64,
     pub step_ms: f64,
+    /// Bytes this rank sent to other nodes during the step (QUIC frames, headers included).
+    pub sent_bytes: u64,
     /// Some rank asked to stop (see [`Trainer::set_stop_flag`]); every rank gets the same
     /// answer after the same step, so all of them can leave the loop together.
     pub stop: bool,
@@ -93,6 +95,8 @@ pub struct Trainer<M: Module> {
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
+    /// `pg.bytes_sent()` when the current step began.
+    sent_at_start: u64,
 }
 
 impl<M: Module> Trainer<M> {
@@ -145,6 +149,15 @@ impl<M: Module> Trainer<M> {
                     b.start + s.start..b.start + s.end
                 })
                 .collect(),
+            // This rank's node pieces of every bucket, in bucket order.
+            Strategy::Hybrid => buckets
+                .iter()
+                .flat_map(|b| {
+                    pg.node_pieces(b.len())
+                        .into_iter()
+                        .map(|r| b.start + r.start..b.start + r.end)
+                })
+                .collect(),
         };
         let owned_len: usize = owned.iter().map(|r| r.len()).sum();
         let (model, params) = match &unit_ranges {
@@ -167,7 +180,7 @@ impl<M: Module> Trainer<M> {
             },
             grads_bytes: 4 * match cfg.strategy {
                 Strategy::Ddp | Strategy::Zero1 => layout.total(),
-                Strategy::Zero2 | Strategy::Zero3 => owned_len + max_bucket,
+                Strategy::Zero2 | Strategy::Zero3 | Strategy::Hybrid => owned_len + max_bucket,
             },
             optim_bytes: opt.state_bytes(),
         };
@@ -182,6 +195,7 @@ impl<M: Module> Trainer<M> {
             opt,
             memory,
             stop: None,
+            sent_at_start: 0,
         })
     }
 
@@ -268,6 +282,7 @@ impl<M: Module> Trainer<M> {
             ));
         }
         let t0 = Instant::now();
+        self.sent_at_start = self.pg.bytes_sent();
         let model = self.model.take().expect("model present between steps");
         let mut local_loss = 0.0f32;
         let mut acc = GradientsAccumulator::<M>::new();
@@ -311,6 +326,53 @@ impl<M: Module> Trainer<M> {
                 self.opt.step(self.cfg.lr, &mut self.params, &full);
             }
             Strategy::Zero3 => unreachable!("refused above"),
+            Strategy::Hybrid => {
+                let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
+                let mut gshard = Vec::with_capacity(owned_len);
+                for b in &self.buckets {
+                    let tf = Instant::now();
+                    let mut flat = Vec::new();
+                    self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    scale(&mut flat, grad_scale);
+                    compute += tf.elapsed();
+                    // As ZeRO-2: each full bucket is reduced and dropped before the next.
+                    let tw = Instant::now();
+                    let buf = self
+                        .pg
+                        .hybrid_reduce_in_place(flat, ReduceOp::Mean)
+                        .wait()?;
+                    comm += tw.elapsed();
+                    for r in self.pg.node_pieces(b.len()) {
+                        gshard.extend_from_slice(&buf[r]);
+                    }
+                }
+                t_opt = Instant::now();
+                let mut pshard: Vec<f32> = Vec::with_capacity(owned_len);
+                for r in &self.owned {
+                    pshard.extend_from_slice(&self.params[r.clone()]);
+                }
+                self.opt.step(self.cfg.lr, &mut pshard, &gshard);
+                let opt_time = t_opt.elapsed();
+                // Gather the updated pieces inside the node only, all buckets in flight.
+                let tw = Instant::now();
+                let mut works = Vec::with_capacity(self.buckets.len());
+                let mut at = 0;
+                for b in &self.buckets {
+                    let mut buf = vec![0.0f32; b.len()];
+                    for r in self.pg.node_pieces(b.len()) {
+                        let n = r.len();
+                        buf[r].copy_from_slice(&pshard[at..at + n]);
+                        at += n;
+                    }
+                    works.push((b.clone(), self.pg.node_gather_in_place(buf)));
+                }
+                for (b, w) in works {
+                    let full = w.wait()?;
+                    self.params[b].copy_from_slice(&full);
+                }
+                comm += tw.elapsed();
+                return self.finish(model, t0, local_loss, compute, comm, opt_time);
+            }
             Strategy::Zero1 | Strategy::Zero2 => {
                 let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
                 let mut gshard = Vec::with_capacity(owned_len);
@@ -412,6 +474,7 @@ impl<M: Module> Trainer<M> {
             comm_ms: comm.as_secs_f64() * 1e3,
             optim_ms: opt_time.as_secs_f64() * 1e3,
             step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            sent_bytes: self.pg.bytes_sent() - self.sent_at_start,
             stop,
         })
     }

@@ -186,6 +186,8 @@ pub struct LaneLinks {
     frame_elems: usize,
     scratch: Vec<f32>,
     pub progress: Arc<LaneProgress>,
+    /// Bytes this lane has written to other nodes (frame headers included).
+    pub sent: Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// One ring pass to execute on a lane.
@@ -222,6 +224,7 @@ impl LaneLinks {
             frame_elems: frame_bytes / 4,
             scratch: Vec::new(),
             progress: Arc::default(),
+            sent: Arc::default(),
         }
     }
 
@@ -338,6 +341,7 @@ impl LaneLinks {
             recv,
             scratch,
             progress,
+            sent,
             ..
         } = self;
         let send = send.get_mut(&job.next).expect("checked above");
@@ -372,6 +376,10 @@ impl LaneLinks {
                     send.write_all(bytemuck::cast_slice(data))
                         .await
                         .map_err(Fail::Write)?;
+                    sent.fetch_add(
+                        (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                 }
             }
             Ok::<(), Fail>(())
@@ -490,6 +498,10 @@ impl LaneLinks {
                     if let Err(e) = r {
                         return Err(self.write_err(n, e));
                     }
+                    self.sent.fetch_add(
+                        (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
                 }
                 chunk += 1;
             }

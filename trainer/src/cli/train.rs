@@ -361,7 +361,7 @@ fn progress_bar(steps: usize, show: bool) -> ProgressBar {
 
 /// Medians of the per-step time split (the first step, which compiles kernels, is left out
 /// when there are more).
-fn medians(reports: &[[f64; 4]]) -> serde_json::Value {
+fn medians(reports: &[[f64; 5]]) -> serde_json::Value {
     let skip = usize::from(reports.len() > 1);
     let med = |k: usize| {
         let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
@@ -370,6 +370,7 @@ fn medians(reports: &[[f64; 4]]) -> serde_json::Value {
     };
     serde_json::json!({
         "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
+        "sent_bytes": med(4),
     })
 }
 
@@ -391,7 +392,7 @@ fn train_loop<M: Module>(
     let bar = progress_bar(run.steps, leader && sh.progress);
     let t_start = Instant::now();
     let mut points: Vec<PlotPoint> = Vec::with_capacity(run.steps);
-    let mut split: Vec<[f64; 4]> = Vec::with_capacity(run.steps);
+    let mut split: Vec<[f64; 5]> = Vec::with_capacity(run.steps);
     let mut comm_total = 0.0;
     let mut stopped = None;
     let micro = run.accumulate;
@@ -405,7 +406,13 @@ fn train_loop<M: Module>(
             loss: rep.loss as f64,
             samples_per_s,
         });
-        split.push([rep.step_ms, rep.compute_ms, rep.comm_ms, rep.optim_ms]);
+        split.push([
+            rep.step_ms,
+            rep.compute_ms,
+            rep.comm_ms,
+            rep.optim_ms,
+            rep.sent_bytes as f64,
+        ]);
         if let Some(o) = out.as_mut() {
             let line = serde_json::json!({
                 "step": step,
@@ -415,6 +422,7 @@ fn train_loop<M: Module>(
                 "comm_ms": rep.comm_ms,
                 "compute_ms": rep.compute_ms,
                 "optim_ms": rep.optim_ms,
+                "sent_bytes": rep.sent_bytes,
             });
             writeln!(o, "{line}")?;
             o.flush()?;

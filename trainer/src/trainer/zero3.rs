@@ -170,6 +170,7 @@ impl<M: Units> Trainer<M> {
             });
         }
         let t0 = Instant::now();
+        self.sent_at_start = self.pg.bytes_sent();
         let units = self.buckets.clone();
         let n = units.len();
         let ahead = self.cfg.prefetch;
