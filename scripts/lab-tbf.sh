@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The wiring lab, smallest form: two network namespaces joined by a veth pair whose both
-# directions are shaped with `tc qdisc ... tbf`, and `wiretrain bench` with one node in each.
+# directions are shaped with `tc qdisc ... tbf`, and `wiretrain bench` (or `train`, SUB=train)
+# with one node in each.
 # Needs root (ip netns, tc). Cleans up after itself, also on failure. Every run is bounded.
 #
 #   RATE=1gbit scripts/lab-tbf.sh --op p2p,all-reduce,all-gather,reduce-scatter --bytes 16M,64M
 #
 # Env: RATE (tbf rate, default 1gbit), BIN (wiretrain binary, default the release build),
-#      LIMIT (seconds per node process, default 300). Arguments go to `wiretrain bench`.
+#      LIMIT (seconds per node process, default 300), SUB (bench or train, default bench).
+#      Arguments go to `wiretrain $SUB`.
 set -euo pipefail
 RATE=${RATE:-1gbit}
+SUB=${SUB:-bench}
 LIMIT=${LIMIT:-300}
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
 [ -x "$BIN" ] || { echo "lab-tbf: no wiretrain binary at $BIN (cargo build --release, or set BIN)"; exit 2; }
@@ -42,12 +45,12 @@ tc -n "$ns1" qdisc add dev "$vb" root tbf rate "$RATE" burst 128kb latency 50ms
 echo "# lab-tbf: veth $a_ip <-> $b_ip, tbf rate $RATE each way"
 
 export WIRETRAIN_TOKEN=${WIRETRAIN_TOKEN:-lab-$(date +%s%N)}
-ip netns exec "$ns0" timeout "$LIMIT" "$BIN" bench "$@" --nnodes 2 --node-rank 0 \
+ip netns exec "$ns0" timeout "$LIMIT" "$BIN" "$SUB" "$@" --nnodes 2 --node-rank 0 \
   --master "$a_ip:0" --addr-file "$tmp/addr" &
 p0=$!
 for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
 [ -s "$tmp/addr" ] || { echo "lab-tbf: node 0 never listened"; exit 1; }
-ip netns exec "$ns1" timeout "$LIMIT" "$BIN" bench "$@" --nnodes 2 --node-rank 1 \
+ip netns exec "$ns1" timeout "$LIMIT" "$BIN" "$SUB" "$@" --nnodes 2 --node-rank 1 \
   --master "$(cat "$tmp/addr")" --bind "$b_ip:0" >/dev/null &
 p1=$!
 rc=0

@@ -1,8 +1,8 @@
 //! The trainer through the real binary: DDP, ZeRO-1, ZeRO-2, ZeRO-3 and hybrid at world sizes 2
-//! (2 nodes x 1 rank) and 4 (2 nodes x 2 ranks over QUIC) match single-process training within
-//! 1e-5, on Burn's CPU backend for every combination and on lavapipe (wgpu, Vulkan pinned) for
-//! ZeRO-2 at 2 x 2 (lavapipe's first step compiles its kernels for ~40 s per process on 2 cores,
-//! so CI runs one lavapipe comparison). Memory accounting follows the ZeRO formulas; bad input exits 2.
+//! (2 nodes x 1 rank) and 4 (2 nodes x 2 ranks, and 4 x 1 for ZeRO-3 and hybrid, over QUIC)
+//! match single-process training within 1e-5, on Burn's CPU backend for every combination and
+//! on lavapipe (wgpu, Vulkan pinned) for ZeRO-2 at 2 x 2 (lavapipe's first step compiles its
+//! kernels for ~40 s per process on 2 cores, so CI runs one lavapipe comparison). Memory accounting follows the ZeRO formulas; bad input exits 2.
 
 mod common;
 
@@ -174,6 +174,9 @@ fn strategies_match_single_process_training_cpu_backend() {
             runs.push((strategy, nodes, ranks, 1));
         }
     }
+    // World size 4 as 4 node processes, for the sharded strategies.
+    runs.push(("zero3", 4, 1, 1));
+    runs.push(("hybrid", 4, 1, 1));
     let summaries = compare("cpu", &runs);
     // Bytes each rank sends to the other node per step (2 nodes x 1 rank, medians): ZeRO-1,
     // ZeRO-2 and hybrid send what DDP sends (reduce-scatter + all-gather = all-reduce);

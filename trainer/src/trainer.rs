@@ -77,6 +77,8 @@ pub struct StepReport {
     pub comm_ms: f64,
     pub optim_ms: f64,
     pub step_ms: f64,
+    /// ZeRO-3: the part of `comm_ms` spent waiting for unit all-gathers (0 otherwise).
+    pub gather_ms: f64,
     /// Bytes this rank sent to other nodes during the step (QUIC frames, headers included).
     pub sent_bytes: u64,
     /// Some rank asked to stop (see [`Trainer::set_stop_flag`]); every rank gets the same
@@ -97,6 +99,8 @@ pub struct Trainer<M: Module> {
     stop: Option<Arc<AtomicBool>>,
     /// `pg.bytes_sent()` when the current step began.
     sent_at_start: u64,
+    /// ZeRO-3: time the current step waited for unit all-gathers.
+    gather_wait: Duration,
 }
 
 impl<M: Module> Trainer<M> {
@@ -196,6 +200,7 @@ impl<M: Module> Trainer<M> {
             memory,
             stop: None,
             sent_at_start: 0,
+            gather_wait: Duration::ZERO,
         })
     }
 
@@ -283,6 +288,7 @@ impl<M: Module> Trainer<M> {
         }
         let t0 = Instant::now();
         self.sent_at_start = self.pg.bytes_sent();
+        self.gather_wait = Duration::ZERO;
         let model = self.model.take().expect("model present between steps");
         let mut local_loss = 0.0f32;
         let mut acc = GradientsAccumulator::<M>::new();
@@ -474,6 +480,7 @@ impl<M: Module> Trainer<M> {
             comm_ms: comm.as_secs_f64() * 1e3,
             optim_ms: opt_time.as_secs_f64() * 1e3,
             step_ms: t0.elapsed().as_secs_f64() * 1e3,
+            gather_ms: self.gather_wait.as_secs_f64() * 1e3,
             sent_bytes: self.pg.bytes_sent() - self.sent_at_start,
             stop,
         })

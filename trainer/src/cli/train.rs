@@ -361,7 +361,7 @@ fn progress_bar(steps: usize, show: bool) -> ProgressBar {
 
 /// Medians of the per-step time split (the first step, which compiles kernels, is left out
 /// when there are more).
-fn medians(reports: &[[f64; 5]]) -> serde_json::Value {
+fn medians(reports: &[[f64; 6]]) -> serde_json::Value {
     let skip = usize::from(reports.len() > 1);
     let med = |k: usize| {
         let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
@@ -370,7 +370,7 @@ fn medians(reports: &[[f64; 5]]) -> serde_json::Value {
     };
     serde_json::json!({
         "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
-        "sent_bytes": med(4),
+        "sent_bytes": med(4), "gather_ms": med(5),
     })
 }
 
@@ -392,7 +392,7 @@ fn train_loop<M: Module>(
     let bar = progress_bar(run.steps, leader && sh.progress);
     let t_start = Instant::now();
     let mut points: Vec<PlotPoint> = Vec::with_capacity(run.steps);
-    let mut split: Vec<[f64; 5]> = Vec::with_capacity(run.steps);
+    let mut split: Vec<[f64; 6]> = Vec::with_capacity(run.steps);
     let mut comm_total = 0.0;
     let mut stopped = None;
     let micro = run.accumulate;
@@ -412,6 +412,7 @@ fn train_loop<M: Module>(
             rep.comm_ms,
             rep.optim_ms,
             rep.sent_bytes as f64,
+            rep.gather_ms,
         ]);
         if let Some(o) = out.as_mut() {
             let line = serde_json::json!({
@@ -422,6 +423,7 @@ fn train_loop<M: Module>(
                 "comm_ms": rep.comm_ms,
                 "compute_ms": rep.compute_ms,
                 "optim_ms": rep.optim_ms,
+                "gather_ms": rep.gather_ms,
                 "sent_bytes": rep.sent_bytes,
             });
             writeln!(o, "{line}")?;

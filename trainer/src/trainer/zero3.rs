@@ -171,6 +171,7 @@ impl<M: Units> Trainer<M> {
         }
         let t0 = Instant::now();
         self.sent_at_start = self.pg.bytes_sent();
+        let mut gather_wait = Duration::ZERO;
         let units = self.buckets.clone();
         let n = units.len();
         let ahead = self.cfg.prefetch;
@@ -210,7 +211,7 @@ impl<M: Units> Trainer<M> {
             fill(&mut gathers, &mut self.pg, u + ahead, &self.params);
             let (gu, w) = gathers.queue.pop_front().expect("unit gather issued");
             debug_assert_eq!(gu, u);
-            let full = timed(w, &mut comm)?;
+            let full = timed(w, &mut gather_wait)?;
             model = set_unit(model, &self.layout, &units[u], Some(&full));
             drop(full);
             let xin = x.take().expect("an input for every unit");
@@ -253,7 +254,7 @@ impl<M: Units> Trainer<M> {
             } else {
                 let (gu, w) = back.pop_front().expect("unit gather issued");
                 debug_assert_eq!(gu, u);
-                let full = timed(w, &mut comm)?;
+                let full = timed(w, &mut gather_wait)?;
                 model = set_unit(model, &self.layout, &units[u], Some(&full));
                 drop(full);
                 let leaf = saved[u].fresh_leaf();
@@ -290,6 +291,8 @@ impl<M: Units> Trainer<M> {
             gshard[shard_of[pu].clone()]
                 .copy_from_slice(&buf[self.pg.shard_range(units[pu].len())]);
         }
+        comm += gather_wait;
+        self.gather_wait = gather_wait;
         let compute = t0.elapsed().saturating_sub(comm);
         let t_opt = Instant::now();
         self.opt.step(self.cfg.lr, &mut self.params, &gshard);
