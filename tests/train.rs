@@ -226,6 +226,27 @@ fn check_memory(what: &str, strategy: &str, ranks_per_node: usize, s: &serde_jso
     let buckets = (total * 4.0 / 4096.0).ceil();
     let ranks = s["memory_per_rank"].as_array().unwrap();
     assert_eq!(ranks.len() as f64, world, "{what}");
+    // The ZeRO paper's model-state bytes per rank (f32 + Adam, 16 bytes per parameter), plus
+    // what a strategy holds on top: a full gradient bucket (ZeRO-2, hybrid), or (1 + prefetch)
+    // units of parameters and one unit of gradient (ZeRO-3). Within 10 %.
+    let (n, k) = (world, ranks_per_node as f64);
+    let unit = 4.0 * s["largest_bucket_elems"].as_f64().unwrap();
+    let prefetch = s["prefetch"].as_f64().unwrap();
+    let expected = match strategy {
+        "ddp" => 16.0 * total,
+        "zero1" => 8.0 * total + 8.0 * total / n,
+        "zero2" => 4.0 * total + 12.0 * total / n + unit,
+        "zero3" => 16.0 * total / n + (2.0 + prefetch) * unit,
+        "hybrid" => 4.0 * total + 12.0 * total / k + unit,
+        other => panic!("no formula for {other}"),
+    };
+    for r in ranks {
+        let state = r["model_state_bytes"].as_f64().unwrap();
+        assert!(
+            (state - expected).abs() <= 0.1 * expected,
+            "{what}: model states {state} bytes, ZeRO formula {expected}"
+        );
+    }
     for r in ranks {
         let optim = r["optim_bytes"].as_f64().unwrap();
         let grads = r["grads_bytes"].as_f64().unwrap();

@@ -43,6 +43,7 @@ pub mod launch;
 pub mod models;
 pub mod optim;
 pub mod plot;
+pub mod rss;
 pub mod signal;
 pub mod strategy;
 pub mod trainer;

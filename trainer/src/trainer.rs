@@ -247,6 +247,11 @@ impl<M: Module> Trainer<M> {
         self.memory
     }
 
+    /// Elements of the largest communication unit: a bucket, or under ZeRO-3 a unit.
+    pub fn largest_bucket(&self) -> usize {
+        self.buckets.iter().map(|b| b.len()).max().unwrap_or(0)
+    }
+
     pub fn process_group(&mut self) -> &mut ProcessGroup {
         &mut self.pg
     }

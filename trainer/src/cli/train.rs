@@ -53,6 +53,12 @@ pub struct TrainArgs {
     /// Micro-batches accumulated locally per optimizer step (communication once per step).
     #[arg(long)]
     pub accumulate: Option<usize>,
+    /// char-lm: model width (a multiple of its 4 heads; feed-forward 4x wider). Default 64.
+    #[arg(long)]
+    pub d_model: Option<usize>,
+    /// char-lm: transformer blocks. Default 2.
+    #[arg(long)]
+    pub layers: Option<usize>,
     /// ZeRO-3: unit all-gathers in flight ahead of the computing unit (0 turns prefetch off).
     #[arg(long)]
     pub prefetch: Option<usize>,
@@ -90,6 +96,8 @@ struct FileConfig {
     accumulate: Option<usize>,
     prefetch: Option<usize>,
     plot: Option<PathBuf>,
+    d_model: Option<usize>,
+    layers: Option<usize>,
 }
 
 /// The resolved run settings.
@@ -106,6 +114,8 @@ struct Run {
     accumulate: usize,
     prefetch: usize,
     plot: Option<PathBuf>,
+    d_model: usize,
+    layers: usize,
 }
 
 impl TrainArgs {
@@ -163,6 +173,16 @@ impl TrainArgs {
                 "--accumulate: zero3 runs one micro-batch per step (accumulation is not built yet)"
             );
         }
+        let d_model = self.d_model.or(file.d_model).unwrap_or(64);
+        if d_model == 0 || !d_model.is_multiple_of(4) || d_model > 8192 {
+            bail!(
+                "--d-model: {d_model} must be a positive multiple of 4 (the heads), at most 8192"
+            );
+        }
+        let layers = self.layers.or(file.layers).unwrap_or(2);
+        if !(1..=64).contains(&layers) {
+            bail!("--layers: {layers} is outside 1..=64");
+        }
         let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
         if prefetch > 16 {
             bail!("--prefetch: {prefetch} units ahead is more than 16");
@@ -184,6 +204,8 @@ impl TrainArgs {
             accumulate,
             prefetch,
             plot,
+            d_model,
+            layers,
         })
     }
 }
@@ -302,6 +324,9 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
         Data::CharLm(corpus) => train_model(
             CharLmConfig::new(corpus.vocab_size())
                 .with_seq(corpus.seq())
+                .with_d_model(sh.run.d_model)
+                .with_d_ff(4 * sh.run.d_model)
+                .with_n_layers(sh.run.layers)
                 .init(&device, sh.run.seed),
             (&device, tc, pg, sampler, &sh),
             |m, idx| m.loss(&corpus, idx, &device),
@@ -389,6 +414,9 @@ fn train_loop<M: Module>(
         )),
         _ => None,
     };
+    // The peak memory reported is that of the training steps, not of start-up (where every
+    // rank briefly holds the whole model, whatever the strategy).
+    wiretrain::rss::reset_peak_rss();
     let bar = progress_bar(run.steps, leader && sh.progress);
     let t_start = Instant::now();
     let mut points: Vec<PlotPoint> = Vec::with_capacity(run.steps);
@@ -452,6 +480,7 @@ fn train_loop<M: Module>(
         mem.params_bytes as u64,
         mem.grads_bytes as u64,
         mem.optim_bytes as u64,
+        wiretrain::rss::peak_rss_bytes().unwrap_or(0),
     ];
     let per_rank = gather_memory(trainer.process_group(), mine)?;
     let full_params = match &sh.save {
@@ -477,6 +506,8 @@ fn train_loop<M: Module>(
             "comm_share": comm_total / (elapsed.as_secs_f64() * 1e3),
             "median": medians(&split),
             "params_total": trainer.layout().total(),
+            "largest_bucket_elems": trainer.largest_bucket(),
+            "prefetch": run.prefetch,
             "memory_per_rank": per_rank,
         });
         writeln!(o, "{summary}")?;
@@ -504,11 +535,11 @@ fn train_loop<M: Module>(
     Ok(stopped)
 }
 
-/// Every rank's [params, grads, optim] bytes, in rank order (each sent as three exact 16-bit
-/// pieces in f32).
+/// Every rank's [params, grads, optim, peak RSS of its process during the steps] bytes, in rank
+/// order (each sent as three exact 16-bit pieces in f32).
 fn gather_memory(
     pg: &mut wiretrain_comm::ProcessGroup,
-    mine: [u64; 3],
+    mine: [u64; 4],
 ) -> Result<Vec<serde_json::Value>> {
     let world = pg.world();
     let enc: Vec<f32> = mine
@@ -530,6 +561,8 @@ fn gather_memory(
             "params_bytes": dec(&v[0..3]),
             "grads_bytes": dec(&v[3..6]),
             "optim_bytes": dec(&v[6..9]),
+            "model_state_bytes": dec(&v[0..3]) + dec(&v[3..6]) + dec(&v[6..9]),
+            "peak_rss_bytes": dec(&v[9..12]),
         }));
     }
     Ok(out)
