@@ -11,6 +11,8 @@
 //!   gradients are reduced over all ranks but each rank keeps only its node pieces; optimizer
 //!   state is sharded among a node's ranks; updated parameters are gathered inside the node
 //!   only, so the traffic between nodes is the gradient reduction alone.
+//! * `Hsdp`: ZeRO-3 inside each node, replication across nodes (FSDP's HYBRID_SHARD): unit
+//!   parameters are gathered inside the node only; between nodes travels the gradient reduction.
 //! * `Zero3`: parameters sharded too; a unit's full parameters are all-gathered just before it
 //!   runs (forward and backward, prefetched) and freed after (see `trainer::zero3`).
 
@@ -24,6 +26,14 @@ pub enum Strategy {
     Zero2,
     Zero3,
     Hybrid,
+    Hsdp,
+}
+
+impl Strategy {
+    /// Parameters are sharded at rest and gathered unit by unit (ZeRO-3, HSDP).
+    pub fn shards_params(self) -> bool {
+        matches!(self, Self::Zero3 | Self::Hsdp)
+    }
 }
 
 impl std::str::FromStr for Strategy {
@@ -35,8 +45,9 @@ impl std::str::FromStr for Strategy {
             "zero2" => Ok(Self::Zero2),
             "zero3" | "fsdp" => Ok(Self::Zero3),
             "hybrid" => Ok(Self::Hybrid),
+            "hsdp" => Ok(Self::Hsdp),
             other => Err(format!(
-                "{other:?} is not a strategy (ddp, zero1, zero2, zero3, hybrid)"
+                "{other:?} is not a strategy (ddp, zero1, zero2, zero3, hybrid, hsdp)"
             )),
         }
     }
@@ -50,6 +61,7 @@ impl std::fmt::Display for Strategy {
             Self::Zero2 => "zero2",
             Self::Zero3 => "zero3",
             Self::Hybrid => "hybrid",
+            Self::Hsdp => "hsdp",
         })
     }
 }

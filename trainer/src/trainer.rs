@@ -113,9 +113,9 @@ impl<M: Module> Trainer<M> {
         cfg: TrainerConfig,
         pg: ProcessGroup,
     ) -> Result<Self, TrainError> {
-        if cfg.strategy == Strategy::Zero3 {
+        if cfg.strategy.shards_params() {
             return Err(TrainError::Config(
-                "zero3 needs a model cut into units: use Trainer::with_units".into(),
+                "zero3 and hsdp need a model cut into units: use Trainer::with_units".into(),
             ));
         }
         Self::build(model, device, cfg, pg, None)
@@ -154,7 +154,7 @@ impl<M: Module> Trainer<M> {
                 })
                 .collect(),
             // This rank's node pieces of every bucket, in bucket order.
-            Strategy::Hybrid => buckets
+            Strategy::Hybrid | Strategy::Hsdp => buckets
                 .iter()
                 .flat_map(|b| {
                     pg.node_pieces(b.len())
@@ -179,12 +179,14 @@ impl<M: Module> Trainer<M> {
         let max_bucket = buckets.iter().map(|b| b.len()).max().unwrap_or(0);
         let memory = MemoryReport {
             params_bytes: 4 * match cfg.strategy {
-                Strategy::Zero3 => owned_len + (1 + cfg.prefetch) * max_bucket,
+                Strategy::Zero3 | Strategy::Hsdp => owned_len + (1 + cfg.prefetch) * max_bucket,
                 _ => layout.total(),
             },
             grads_bytes: 4 * match cfg.strategy {
                 Strategy::Ddp | Strategy::Zero1 => layout.total(),
-                Strategy::Zero2 | Strategy::Zero3 | Strategy::Hybrid => owned_len + max_bucket,
+                Strategy::Zero2 | Strategy::Zero3 | Strategy::Hybrid | Strategy::Hsdp => {
+                    owned_len + max_bucket
+                }
             },
             optim_bytes: opt.state_bytes(),
         };
@@ -225,17 +227,18 @@ impl<M: Module> Trainer<M> {
     /// The full flat parameter vector on every rank. A collective under ZeRO-3 (every rank
     /// must call it); a copy otherwise.
     pub fn gather_params(&mut self) -> Result<Vec<f32>, TrainError> {
-        if self.cfg.strategy != Strategy::Zero3 {
+        if !self.cfg.strategy.shards_params() {
             return Ok(self.params.clone());
         }
+        let hsdp = self.cfg.strategy == Strategy::Hsdp;
         let mut full = vec![0.0f32; self.layout.total()];
         let mut at = 0;
         let mut works = Vec::with_capacity(self.buckets.len());
-        for (b, r) in self.buckets.iter().zip(&self.owned) {
-            let mut buf = vec![0.0f32; b.len()];
-            buf[self.pg.shard_range(b.len())].copy_from_slice(&self.params[at..at + r.len()]);
-            at += r.len();
-            works.push((b.clone(), self.pg.all_gather_in_place(buf)));
+        for b in &self.buckets {
+            let n = zero3::unit_share(&self.pg, hsdp, b.len());
+            let w = zero3::issue_gather(&mut self.pg, hsdp, &self.params[at..at + n], b.len());
+            at += n;
+            works.push((b.clone(), w));
         }
         for (b, w) in works {
             full[b].copy_from_slice(&w.wait()?);
@@ -286,9 +289,9 @@ impl<M: Module> Trainer<M> {
                 "accumulation needs at least one micro-batch".into(),
             ));
         }
-        if self.cfg.strategy == Strategy::Zero3 {
+        if self.cfg.strategy.shards_params() {
             return Err(TrainError::Config(
-                "zero3 steps run unit by unit: use Trainer::step_units".into(),
+                "zero3 and hsdp steps run unit by unit: use Trainer::step_units".into(),
             ));
         }
         let t0 = Instant::now();
@@ -336,7 +339,7 @@ impl<M: Module> Trainer<M> {
                 t_opt = Instant::now();
                 self.opt.step(self.cfg.lr, &mut self.params, &full);
             }
-            Strategy::Zero3 => unreachable!("refused above"),
+            Strategy::Zero3 | Strategy::Hsdp => unreachable!("refused above"),
             Strategy::Hybrid => {
                 let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
                 let mut gshard = Vec::with_capacity(owned_len);

@@ -29,7 +29,7 @@ pub struct TrainArgs {
     /// Built-in example to train: mlp, char-lm.
     #[arg(long)]
     pub example: Option<String>,
-    /// Parallel strategy: ddp, zero1, zero2, zero3 (alias fsdp).
+    /// Parallel strategy: ddp, zero1, zero2, zero3 (alias fsdp), hybrid, hsdp.
     #[arg(long)]
     pub strategy: Option<String>,
     /// Optimizer steps.
@@ -352,7 +352,7 @@ fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
     loss: impl Fn(&M, &[usize]) -> Tensor<1>,
     unit_io: impl Fn(&[usize]) -> (Act, L),
 ) -> Result<Option<usize>> {
-    if tc.strategy == Strategy::Zero3 {
+    if tc.strategy.shards_params() {
         let trainer = Trainer::with_units(model, device, tc, pg)?;
         return train_loop(trainer, sampler, sh, |t, idx| {
             let (x, l) = unit_io(idx);

@@ -8,6 +8,10 @@
 //! surrogate `sum(y * g)` (see [`crate::units`]), reduce-scatter the unit's gradient into this
 //! rank's shard, free the unit. Then each rank steps its shard; nothing is gathered after the
 //! update (the next forward gathers).
+//!
+//! HSDP is the same step with the scope of the two collectives narrowed: units are gathered
+//! inside the node only (`node_gather`) and gradients reduced with `hybrid_reduce`, so a rank
+//! owns its node pieces of each unit and only the gradient reduction crosses nodes.
 
 use super::{TrainError, Trainer, TrainerConfig};
 use crate::flat::{FlatEntry, FlatLayout};
@@ -125,16 +129,58 @@ fn timed<T>(w: Work<T>, comm: &mut Duration) -> Result<T, TrainError> {
     Ok(v)
 }
 
-/// The all-gathers of the units ahead, at most `ahead + 1` in flight.
-struct Gathers {
-    queue: VecDeque<(usize, Work<Vec<f32>>)>,
+/// The ranges of a unit of `len` elements this rank owns when parameters are sharded: its
+/// shard (ZeRO-3) or its node pieces (HSDP).
+pub(super) fn unit_pieces(pg: &ProcessGroup, hsdp: bool, len: usize) -> Vec<Range<usize>> {
+    if hsdp {
+        pg.node_pieces(len)
+    } else {
+        vec![pg.shard_range(len)]
+    }
 }
 
-impl Gathers {
-    fn issue(pg: &mut ProcessGroup, shard: &[f32], unit: &Range<usize>) -> Work<Vec<f32>> {
-        let mut buf = vec![0.0f32; unit.len()];
-        buf[pg.shard_range(unit.len())].copy_from_slice(shard);
+pub(super) fn unit_share(pg: &ProcessGroup, hsdp: bool, len: usize) -> usize {
+    unit_pieces(pg, hsdp, len).iter().map(|r| r.len()).sum()
+}
+
+/// Starts gathering a unit of `len` elements from every rank's share (`share`: this rank's,
+/// concatenated): across all ranks (ZeRO-3) or inside the node only (HSDP).
+pub(super) fn issue_gather(
+    pg: &mut ProcessGroup,
+    hsdp: bool,
+    share: &[f32],
+    len: usize,
+) -> Work<Vec<f32>> {
+    let mut buf = vec![0.0f32; len];
+    let mut at = 0;
+    for r in unit_pieces(pg, hsdp, len) {
+        let n = r.len();
+        buf[r].copy_from_slice(&share[at..at + n]);
+        at += n;
+    }
+    if hsdp {
+        pg.node_gather_in_place(buf)
+    } else {
         pg.all_gather_in_place(buf)
+    }
+}
+
+/// Starts the mean reduction of a unit's full gradient so that this rank ends with its share.
+fn issue_reduce(pg: &mut ProcessGroup, hsdp: bool, flat: Vec<f32>) -> Work<Vec<f32>> {
+    if hsdp {
+        pg.hybrid_reduce_in_place(flat, ReduceOp::Mean)
+    } else {
+        pg.reduce_scatter_in_place(flat, ReduceOp::Mean)
+    }
+}
+
+/// Copies this rank's share of a reduced unit buffer into `out`.
+fn take_share(pg: &ProcessGroup, hsdp: bool, buf: &[f32], out: &mut [f32]) {
+    let mut at = 0;
+    for r in unit_pieces(pg, hsdp, buf.len()) {
+        let n = r.len();
+        out[at..at + n].copy_from_slice(&buf[r]);
+        at += n;
     }
 }
 
@@ -149,7 +195,7 @@ impl<M: Units> Trainer<M> {
     ) -> Result<Self, TrainError> {
         let layout = FlatLayout::of(&model);
         let units = unit_ranges(&model, &layout)?;
-        if cfg.strategy != Strategy::Zero3 {
+        if !cfg.strategy.shards_params() {
             return Self::build(model, device, cfg, pg, None);
         }
         Self::build(model, device, cfg, pg, Some((units, layout)))
@@ -163,7 +209,7 @@ impl<M: Units> Trainer<M> {
         input: Act,
         loss_fn: impl FnOnce(Act) -> Tensor<1>,
     ) -> Result<super::StepReport, TrainError> {
-        if self.cfg.strategy != Strategy::Zero3 {
+        if !self.cfg.strategy.shards_params() {
             return self.step(move |m| {
                 let x = (0..m.num_units()).fold(input, |x, u| m.forward_unit(u, x));
                 loss_fn(x)
@@ -177,28 +223,19 @@ impl<M: Units> Trainer<M> {
         let ahead = self.cfg.prefetch;
         let mut comm = Duration::ZERO;
         let mut model = self.model.take().expect("model present between steps");
-        // Offsets of each unit's shard inside this rank's concatenated shard vector.
+        let hsdp = self.cfg.strategy == Strategy::Hsdp;
+        // Offsets of each unit's share inside this rank's concatenated share vector.
         let mut at = 0;
-        let shard_of: Vec<Range<usize>> = self
-            .owned
+        let shard_of: Vec<Range<usize>> = units
             .iter()
-            .map(|r| {
-                let s = at..at + r.len();
+            .map(|u| {
+                let s = at..at + unit_share(&self.pg, hsdp, u.len());
                 at = s.end;
                 s
             })
             .collect();
-        let mut gathers = Gathers {
-            queue: VecDeque::new(),
-        };
+        let mut gathers: VecDeque<(usize, Work<Vec<f32>>)> = VecDeque::new();
         let mut next = 0usize;
-        let mut fill = |g: &mut Gathers, pg: &mut ProcessGroup, upto: usize, params: &[f32]| {
-            while next < n && next <= upto {
-                let w = Gathers::issue(pg, &params[shard_of[next].clone()], &units[next]);
-                g.queue.push_back((next, w));
-                next += 1;
-            }
-        };
         // Forward, graph-free except the last unit.
         let mut loss_fn = Some(loss_fn);
         let mut saved: Vec<Act> = Vec::with_capacity(n);
@@ -208,8 +245,13 @@ impl<M: Units> Trainer<M> {
         let mut grads_last = None;
         #[allow(clippy::needless_range_loop)] // u also orders the gathers
         for u in 0..n {
-            fill(&mut gathers, &mut self.pg, u + ahead, &self.params);
-            let (gu, w) = gathers.queue.pop_front().expect("unit gather issued");
+            while next < n && next <= u + ahead {
+                let share = &self.params[shard_of[next].clone()];
+                let w = issue_gather(&mut self.pg, hsdp, share, units[next].len());
+                gathers.push_back((next, w));
+                next += 1;
+            }
+            let (gu, w) = gathers.pop_front().expect("unit gather issued");
             debug_assert_eq!(gu, u);
             let full = timed(w, &mut gather_wait)?;
             model = set_unit(model, &self.layout, &units[u], Some(&full));
@@ -240,11 +282,8 @@ impl<M: Units> Trainer<M> {
             // Gathers for units u-1 .. u-ahead are in flight while unit u computes.
             while next_back > 0 && next_back + ahead > u {
                 next_back -= 1;
-                let w = Gathers::issue(
-                    &mut self.pg,
-                    &self.params[shard_of[next_back].clone()],
-                    &units[next_back],
-                );
+                let share = &self.params[shard_of[next_back].clone()];
+                let w = issue_gather(&mut self.pg, hsdp, share, units[next_back].len());
                 back.push_back((next_back, w));
             }
             let grads = if u + 1 == n {
@@ -281,15 +320,13 @@ impl<M: Units> Trainer<M> {
             // One unit's reduce-scatter in flight while the next unit computes.
             if let Some((pu, w)) = pending.take() {
                 let buf = timed(w, &mut comm)?;
-                gshard[shard_of[pu].clone()]
-                    .copy_from_slice(&buf[self.pg.shard_range(units[pu].len())]);
+                take_share(&self.pg, hsdp, &buf, &mut gshard[shard_of[pu].clone()]);
             }
-            pending = Some((u, self.pg.reduce_scatter_in_place(flat, ReduceOp::Mean)));
+            pending = Some((u, issue_reduce(&mut self.pg, hsdp, flat)));
         }
         if let Some((pu, w)) = pending.take() {
             let buf = timed(w, &mut comm)?;
-            gshard[shard_of[pu].clone()]
-                .copy_from_slice(&buf[self.pg.shard_range(units[pu].len())]);
+            take_share(&self.pg, hsdp, &buf, &mut gshard[shard_of[pu].clone()]);
         }
         comm += gather_wait;
         self.gather_wait = gather_wait;
@@ -372,14 +409,23 @@ mod tests {
     #[test]
     fn zero3_matches_single_rank_training_with_and_without_prefetch() {
         let (p1, l1) = run(Strategy::Ddp, 1, 1, 6);
-        for (world, prefetch) in [(1, 1), (2, 1), (3, 0), (2, 2)] {
-            let (p, l) = run(Strategy::Zero3, world, prefetch, 6);
+        for (strategy, world, prefetch) in [
+            (Strategy::Zero3, 1, 1),
+            (Strategy::Zero3, 2, 1),
+            (Strategy::Zero3, 3, 0),
+            (Strategy::Zero3, 2, 2),
+            (Strategy::Hsdp, 3, 1),
+        ] {
+            let (p, l) = run(strategy, world, prefetch, 6);
             let worst = p1
                 .iter()
                 .zip(&p)
                 .map(|(a, b)| (a - b).abs() / a.abs().max(1.0))
                 .fold(0.0, f32::max);
-            assert!(worst < 1e-5, "world {world} prefetch {prefetch}: {worst}");
+            assert!(
+                worst < 1e-5,
+                "{strategy} world {world} prefetch {prefetch}: {worst}"
+            );
             for (a, b) in l1.iter().zip(&l) {
                 assert!(((a - b) / a).abs() < 1e-5, "loss {a} vs {b}");
             }
