@@ -340,78 +340,38 @@ impl<M: Module> Trainer<M> {
                 self.opt.step(self.cfg.lr, &mut self.params, &full);
             }
             Strategy::Zero3 | Strategy::Hsdp => unreachable!("refused above"),
-            Strategy::Hybrid => {
+            Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => {
+                // Hybrid is ZeRO-2 with both collectives narrowed to the node: the reduction
+                // keeps the rank's node pieces, the gather stays inside the node.
+                let node = self.cfg.strategy == Strategy::Hybrid;
                 let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
-                let mut gshard = Vec::with_capacity(owned_len);
-                for b in &self.buckets {
-                    let tf = Instant::now();
-                    let mut flat = Vec::new();
-                    self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
-                    scale(&mut flat, grad_scale);
-                    compute += tf.elapsed();
-                    // As ZeRO-2: each full bucket is reduced and dropped before the next.
-                    let tw = Instant::now();
-                    let buf = self
-                        .pg
-                        .hybrid_reduce_in_place(flat, ReduceOp::Mean)
-                        .wait()?;
-                    comm += tw.elapsed();
-                    for r in self.pg.node_pieces(b.len()) {
-                        gshard.extend_from_slice(&buf[r]);
-                    }
-                }
-                t_opt = Instant::now();
-                let mut pshard: Vec<f32> = Vec::with_capacity(owned_len);
-                for r in &self.owned {
-                    pshard.extend_from_slice(&self.params[r.clone()]);
-                }
-                self.opt.step(self.cfg.lr, &mut pshard, &gshard);
-                let opt_time = t_opt.elapsed();
-                // Gather the updated pieces inside the node only, all buckets in flight.
-                let tw = Instant::now();
-                let mut works = Vec::with_capacity(self.buckets.len());
+                let mut gshard = vec![0.0f32; owned_len];
                 let mut at = 0;
-                for b in &self.buckets {
-                    let mut buf = vec![0.0f32; b.len()];
-                    for r in self.pg.node_pieces(b.len()) {
-                        let n = r.len();
-                        buf[r].copy_from_slice(&pshard[at..at + n]);
-                        at += n;
-                    }
-                    works.push((b.clone(), self.pg.node_gather_in_place(buf)));
-                }
-                for (b, w) in works {
-                    let full = w.wait()?;
-                    self.params[b].copy_from_slice(&full);
-                }
-                comm += tw.elapsed();
-                return self.finish(model, t0, local_loss, compute, comm, opt_time);
-            }
-            Strategy::Zero1 | Strategy::Zero2 => {
-                let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
-                let mut gshard = Vec::with_capacity(owned_len);
                 let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
-                for (i, b) in self.buckets.iter().enumerate() {
+                for b in &self.buckets {
                     let tf = Instant::now();
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
                     scale(&mut flat, grad_scale);
                     compute += tf.elapsed();
-                    let w = self.pg.reduce_scatter_in_place(flat, ReduceOp::Mean);
-                    if self.cfg.strategy == Strategy::Zero2 {
+                    let n = zero3::unit_share(&self.pg, node, b.len());
+                    let w = zero3::issue_reduce(&mut self.pg, node, flat);
+                    if self.cfg.strategy == Strategy::Zero1 {
+                        pending.push((at, w));
+                    } else {
                         // ZeRO-2: the full bucket is reduced and dropped before the next exists.
                         let tw = Instant::now();
                         let buf = w.wait()?;
                         comm += tw.elapsed();
-                        gshard.extend_from_slice(&buf[self.pg.shard_range(b.len())]);
-                    } else {
-                        pending.push((i, w));
+                        zero3::take_share(&self.pg, node, &buf, &mut gshard[at..at + n]);
                     }
+                    at += n;
                 }
                 let tw = Instant::now();
-                for (i, w) in pending {
+                for (off, w) in pending {
                     let buf = w.wait()?;
-                    gshard.extend_from_slice(&buf[self.pg.shard_range(self.buckets[i].len())]);
+                    let n = zero3::unit_share(&self.pg, node, buf.len());
+                    zero3::take_share(&self.pg, node, &buf, &mut gshard[off..off + n]);
                 }
                 comm += tw.elapsed();
                 t_opt = Instant::now();
@@ -421,16 +381,15 @@ impl<M: Module> Trainer<M> {
                 }
                 self.opt.step(self.cfg.lr, &mut pshard, &gshard);
                 let opt_time = t_opt.elapsed();
-                // All-gather the updated shards, bucket by bucket, all in flight at once.
+                // Gather the updated shares, bucket by bucket, all in flight at once.
                 let tw = Instant::now();
                 let mut works = Vec::with_capacity(self.buckets.len());
                 let mut at = 0;
-                for (b, r) in self.buckets.iter().zip(&self.owned) {
-                    let mut buf = vec![0.0f32; b.len()];
-                    let s = self.pg.shard_range(b.len());
-                    buf[s].copy_from_slice(&pshard[at..at + r.len()]);
-                    at += r.len();
-                    works.push((b.clone(), self.pg.all_gather_in_place(buf)));
+                for b in &self.buckets {
+                    let n = zero3::unit_share(&self.pg, node, b.len());
+                    let w = zero3::issue_gather(&mut self.pg, node, &pshard[at..at + n], b.len());
+                    at += n;
+                    works.push((b.clone(), w));
                 }
                 for (b, w) in works {
                     let full = w.wait()?;

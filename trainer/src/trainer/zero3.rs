@@ -129,8 +129,9 @@ fn timed<T>(w: Work<T>, comm: &mut Duration) -> Result<T, TrainError> {
     Ok(v)
 }
 
-/// The ranges of a unit of `len` elements this rank owns when parameters are sharded: its
-/// shard (ZeRO-3) or its node pieces (HSDP).
+/// The ranges of a unit (or bucket) of `len` elements this rank owns: its shard (ZeRO-1/2/3),
+/// or its node pieces when `node` scope is asked for (hybrid, HSDP). The helpers below are
+/// shared by every sharded strategy.
 pub(super) fn unit_pieces(pg: &ProcessGroup, hsdp: bool, len: usize) -> Vec<Range<usize>> {
     if hsdp {
         pg.node_pieces(len)
@@ -166,7 +167,7 @@ pub(super) fn issue_gather(
 }
 
 /// Starts the mean reduction of a unit's full gradient so that this rank ends with its share.
-fn issue_reduce(pg: &mut ProcessGroup, hsdp: bool, flat: Vec<f32>) -> Work<Vec<f32>> {
+pub(super) fn issue_reduce(pg: &mut ProcessGroup, hsdp: bool, flat: Vec<f32>) -> Work<Vec<f32>> {
     if hsdp {
         pg.hybrid_reduce_in_place(flat, ReduceOp::Mean)
     } else {
@@ -175,7 +176,7 @@ fn issue_reduce(pg: &mut ProcessGroup, hsdp: bool, flat: Vec<f32>) -> Work<Vec<f
 }
 
 /// Copies this rank's share of a reduced unit buffer into `out`.
-fn take_share(pg: &ProcessGroup, hsdp: bool, buf: &[f32], out: &mut [f32]) {
+pub(super) fn take_share(pg: &ProcessGroup, hsdp: bool, buf: &[f32], out: &mut [f32]) {
     let mut at = 0;
     for r in unit_pieces(pg, hsdp, buf.len()) {
         let n = r.len();
