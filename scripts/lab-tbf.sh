@@ -8,6 +8,8 @@
 #
 # Env: RATE (tbf rate, default 1gbit), BIN (wiretrain binary, default the release build),
 #      LIMIT (seconds per node process, default 300), SUB (bench or train, default bench).
+#      CUT_AFTER (seconds: then `ip link set down` node 0's veth, the link-cut fault test, and
+#      report how long after the cut each node exited and with what code).
 #      Arguments go to `wiretrain $SUB`.
 set -euo pipefail
 RATE=${RATE:-1gbit}
@@ -53,6 +55,19 @@ for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
 ip netns exec "$ns1" timeout "$LIMIT" "$BIN" "$SUB" "$@" --nnodes 2 --node-rank 1 \
   --master "$(cat "$tmp/addr")" --bind "$b_ip:0" >/dev/null &
 p1=$!
+if [ -n "${CUT_AFTER:-}" ]; then
+  sleep "$CUT_AFTER"
+  kill -0 "$p0" 2>/dev/null && kill -0 "$p1" 2>/dev/null || { echo "lab-tbf: a node ended before the cut"; exit 1; }
+  ip -n "$ns0" link set "$va" down
+  t_cut=$(date +%s%N)
+  echo "# cut: link down"
+  for i in 0 1; do
+    if [ "$i" = 0 ]; then p=$p0; else p=$p1; fi
+    r=0; wait "$p" || r=$?
+    echo "# cut: node $i exited with $r, $(( ($(date +%s%N) - t_cut) / 1000000 )) ms after the link went down"
+  done
+  exit 0
+fi
 rc=0
 wait "$p0" || rc=$?
 wait "$p1" || rc=$?

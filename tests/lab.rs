@@ -47,3 +47,55 @@ fn collectives_across_a_shaped_link() {
         assert_eq!(r["nodes"], 2);
     }
 }
+
+/// Fault test: the link between two training nodes is cut (`ip link set down` on the veth)
+/// mid-training. Both nodes must exit non-zero within 30 s of the cut, naming the other node
+/// (QUIC keep-alive declares the peer dead after the idle timeout; nothing hangs).
+#[test]
+fn a_cut_link_stops_both_training_nodes_within_30_s() {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lab-tbf.sh");
+    let out = Command::new("bash")
+        .arg(script)
+        .args([
+            "--example",
+            "mlp",
+            "--steps",
+            "100000000",
+            "--device",
+            "cpu",
+            "--no-progress",
+        ])
+        .env("BIN", common::bin())
+        .env("SUB", "train")
+        .env("RATE", "1gbit")
+        .env("LIMIT", "120")
+        .env("CUT_AFTER", "8")
+        .output()
+        .expect("run lab script");
+    let text = common::text(&out);
+    if out.status.code() == Some(77) {
+        println!("skipped: {}", String::from_utf8_lossy(&out.stdout).trim());
+        return;
+    }
+    assert!(out.status.success(), "{text}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exits: Vec<(i32, u64)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("# cut: node "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (
+                w[3].trim_end_matches(',').parse().unwrap(),
+                w[4].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(exits.len(), 2, "{text}");
+    for (i, (code, ms)) in exits.iter().enumerate() {
+        eprintln!("node {i}: exit {code} after {ms} ms");
+        assert_ne!(*code, 0, "node {i} must fail: {text}");
+        assert!(*ms < 30_000, "node {i} took {ms} ms: {text}");
+    }
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("node 1") && err.contains("node 0"), "{text}");
+}

@@ -124,7 +124,7 @@ pub enum RendezvousError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CollectiveError {
-    #[error("{op} seq {seq} ({bytes} bytes) on rank {rank} failed while {waiting_for}: {source}")]
+    #[error("{op} seq {seq} ({bytes} bytes) on rank {rank} failed while {waiting_for}")]
     Failed {
         op: &'static str,
         seq: u64,

@@ -158,6 +158,14 @@ pub struct ProcessGroup {
     tx: Option<mpsc::Sender<Job>>,
     worker: Option<std::thread::JoinHandle<()>>,
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
+    flight: Arc<std::sync::Mutex<crate::flight::FlightRecorder>>,
+}
+
+/// Locks the flight recorder, also after a panic elsewhere (it only holds plain data).
+fn lock(
+    f: &std::sync::Mutex<crate::flight::FlightRecorder>,
+) -> std::sync::MutexGuard<'_, crate::flight::FlightRecorder> {
+    f.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl fmt::Debug for ProcessGroup {
@@ -200,9 +208,15 @@ impl ProcessGroup {
         crate::topology::shard_range(len, self.world(), self.rank)
     }
 
+    /// The flight recorder of this rank: its last collectives and how they ended.
+    pub fn flight_recorder(&self) -> Vec<crate::flight::Entry> {
+        lock(&self.flight).entries()
+    }
+
     fn submit<T: Send + 'static>(
         &mut self,
         kind: OpKind,
+        bytes: usize,
         run: impl FnOnce(&mut Executor, OpId) -> Result<T, Error> + Send + 'static,
     ) -> Work<T> {
         self.next_seq += 1;
@@ -211,8 +225,25 @@ impl ProcessGroup {
             seq: self.next_seq,
         };
         let (rtx, rx) = mpsc::sync_channel(1);
+        lock(&self.flight).submitted(id.seq, kind.name(), bytes);
+        let flight = self.flight.clone();
+        let rank = self.rank;
         let job: Job = Box::new(move |ex: &mut Executor| {
-            let _ = rtx.send(run(ex, id));
+            lock(&flight).started(id.seq);
+            let r = run(ex, id);
+            let mut f = lock(&flight);
+            f.finished(id.seq, r.as_ref().err().map(|e| crate::error::report(e)));
+            if r.is_err()
+                && let Some(p) = f.dump_once()
+            {
+                tracing::error!(
+                    "rank {rank}: flight recorder (last {} collectives) written to {}",
+                    crate::flight::CAPACITY,
+                    p.display()
+                );
+            }
+            drop(f);
+            let _ = rtx.send(r);
         });
         if let Some(tx) = &self.tx {
             let _ = tx.send(job);
@@ -241,7 +272,7 @@ impl ProcessGroup {
 
     /// Sums (or averages) `buf` across all ranks, in place.
     pub fn all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::AllReduce, move |ex, id| {
+        self.submit(OpKind::AllReduce, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
@@ -253,7 +284,7 @@ impl ProcessGroup {
     /// shard, `shard_range(buf.len())`.
     pub fn reduce_scatter(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         let range = self.shard_range(buf.len());
-        self.submit(OpKind::ReduceScatter, move |ex, id| {
+        self.submit(OpKind::ReduceScatter, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
@@ -264,7 +295,7 @@ impl ProcessGroup {
     /// In-place reduce-scatter: `buf` comes back with the reduced shard at
     /// `shard_range(buf.len())` (the rest is scratch). No allocation.
     pub fn reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::ReduceScatter, move |ex, id| {
+        self.submit(OpKind::ReduceScatter, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
@@ -275,7 +306,7 @@ impl ProcessGroup {
     /// In-place all-gather: `buf` is the full buffer with this rank's shard already at
     /// `shard_range(buf.len())`; it comes back complete. No allocation.
     pub fn all_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.submit(OpKind::AllGather, move |ex, id| {
+        self.submit(OpKind::AllGather, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
@@ -297,7 +328,7 @@ impl ProcessGroup {
             );
             return self.invalid(OpKind::AllGather, why);
         }
-        self.submit(OpKind::AllGather, move |ex, id| {
+        self.submit(OpKind::AllGather, 4 * total, move |ex, id| {
             let mut buf = vec![0.0f32; total];
             buf[range].copy_from_slice(&shard);
             let r = ex.collective(id, &mut buf, total, 0, ReduceOp::Sum);
@@ -314,7 +345,7 @@ impl ProcessGroup {
             );
             return self.invalid(OpKind::Broadcast, why);
         }
-        self.submit(OpKind::Broadcast, move |ex, id| {
+        self.submit(OpKind::Broadcast, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, root, ReduceOp::Sum);
@@ -324,7 +355,7 @@ impl ProcessGroup {
 
     /// Blocks until every rank has reached the barrier.
     pub fn barrier(&mut self) -> Result<(), Error> {
-        self.submit(OpKind::Barrier, |ex, id| {
+        self.submit(OpKind::Barrier, 0, |ex, id| {
             let mut one = vec![0.0f32];
             let r = ex.collective(id, &mut one, 1, 0, ReduceOp::Sum);
             keep_or_leak(r, one).map(|_| ())
@@ -352,7 +383,7 @@ impl ProcessGroup {
     /// reduce-scatter over shared memory; across nodes only the pieces travel, each lane
     /// all-reducing its own (HSDP: shard inside the node, replicate across nodes).
     pub fn hybrid_reduce_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::HybridReduce, move |ex, id| {
+        self.submit(OpKind::HybridReduce, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
@@ -363,7 +394,7 @@ impl ProcessGroup {
     /// Gather inside the node: `buf` holds this rank's values on its node pieces and comes
     /// back complete from the node's other ranks, with no traffic between nodes.
     pub fn node_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.submit(OpKind::NodeGather, move |ex, id| {
+        self.submit(OpKind::NodeGather, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
@@ -372,7 +403,7 @@ impl ProcessGroup {
     }
 
     pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.submit(OpKind::P2p, move |ex, id| {
+        self.submit(OpKind::P2p, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
             let r = ex.p2p(id, &mut buf);
             keep_or_leak(r, buf)
@@ -938,6 +969,9 @@ impl Node {
                 tx: Some(tx),
                 worker: Some(worker),
                 sent,
+                flight: Arc::new(std::sync::Mutex::new(crate::flight::FlightRecorder::new(
+                    rank,
+                ))),
             });
         }
         Ok(Node {

@@ -26,11 +26,13 @@ pub mod algo;
 pub mod bench;
 pub mod config;
 pub mod error;
+pub mod flight;
 pub mod group;
 pub mod rendezvous;
 pub mod tls;
 pub mod topology;
 pub mod transport;
+pub mod untrusted;
 pub mod wire;
 
 pub use config::{NodeConfig, QuicTuning};

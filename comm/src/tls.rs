@@ -182,7 +182,13 @@ impl Pinned {
     }
 
     fn check(&self, presented: &CertificateDer<'_>) -> Result<(), rustls::Error> {
-        if presented.as_ref() == self.expected.as_ref() {
+        // Constant time: the comparison takes as long wherever the first difference is.
+        let (a, b) = (presented.as_ref(), self.expected.as_ref());
+        let diff = a
+            .iter()
+            .zip(b)
+            .fold(u8::from(a.len() != b.len()), |acc, (x, y)| acc | (x ^ y));
+        if std::hint::black_box(diff) == 0 {
             Ok(())
         } else {
             self.mismatch.store(true, Ordering::SeqCst);

@@ -4,10 +4,16 @@
 //! 1-D tensor on the rank's device, so every strategy runs the same element-wise math and the
 //! state (m and v for AdamW) exists only for the elements this rank owns.
 
+use crate::checkpoint::ScalarValue;
 use burn::optim::momentum::MomentumConfig;
-use burn::optim::{AdamW, AdamWConfig, AdamWState, Optimizer, Sgd, SgdConfig, SgdState};
+use burn::optim::{
+    AdamW, AdamWConfig, AdamWState, Optimizer, RecordState, Sgd, SgdConfig, SgdState, StateSink,
+    StateSource,
+};
+use burn::store::burn_pack::Scalar;
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The optimizer a run uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -34,6 +40,14 @@ impl Default for OptimConfig {
             weight_decay: 0.01,
         }
     }
+}
+
+/// Optimizer state in a form that can be written, cut and joined: per-element tensors and
+/// scalars (step counts).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExportedState {
+    pub tensors: Vec<(String, Vec<f32>)>,
+    pub scalars: BTreeMap<String, ScalarValue>,
 }
 
 enum Kind {
@@ -119,6 +133,113 @@ impl ShardOptimizer {
             .try_into_vec_as::<f32>()
             .expect("optimizer output reads back as f32");
         params.copy_from_slice(&v);
+    }
+
+    /// "adamw" or "sgd".
+    pub fn kind(&self) -> &'static str {
+        match &self.kind {
+            Kind::AdamW(..) => "adamw",
+            Kind::Sgd(..) => "sgd",
+        }
+    }
+
+    /// The optimizer state as named per-element tensors (each `len` long) and scalars, through
+    /// Burn's own `RecordState` decomposition; empty before the first step.
+    pub fn export_state(&self) -> Result<ExportedState, String> {
+        let mut sink = StateSink::default();
+        match &self.kind {
+            Kind::AdamW(b) => {
+                if let Some(s) = &b.1 {
+                    s.state_flatten("", &mut sink)
+                }
+            }
+            Kind::Sgd(b) => {
+                if let Some(s) = &b.1 {
+                    s.state_flatten("", &mut sink)
+                }
+            }
+        }
+        let mut tensors = Vec::with_capacity(sink.tensors.len());
+        for (name, data) in sink.tensors {
+            let v = data
+                .try_to_vec::<f32>()
+                .map_err(|e| format!("optimizer state {name}: {e:?}"))?;
+            if v.len() != self.len {
+                return Err(format!(
+                    "optimizer state {name} has {} elements, not one per owned element ({})",
+                    v.len(),
+                    self.len
+                ));
+            }
+            tensors.push((name, v));
+        }
+        let scalars = sink
+            .scalars
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    Scalar::Int(i) => ScalarValue::Int(i),
+                    Scalar::UInt(u) => ScalarValue::UInt(u),
+                    Scalar::Float(f) => ScalarValue::Float(f),
+                    Scalar::Bool(b) => ScalarValue::Bool(b),
+                };
+                (k, v)
+            })
+            .collect();
+        Ok(ExportedState { tensors, scalars })
+    }
+
+    /// Replaces the state with `state` (tensors `len` long, as [`Self::export_state`] gives).
+    /// An empty state means "no step taken yet".
+    pub fn import_state(&mut self, state: ExportedState) -> Result<(), String> {
+        if state.tensors.is_empty() && state.scalars.is_empty() {
+            match &mut self.kind {
+                Kind::AdamW(b) => b.1 = None,
+                Kind::Sgd(b) => b.1 = None,
+            }
+            return Ok(());
+        }
+        let scalars = state
+            .scalars
+            .into_iter()
+            .map(|(k, v)| {
+                let v = match v {
+                    ScalarValue::Int(i) => Scalar::Int(i),
+                    ScalarValue::UInt(u) => Scalar::UInt(u),
+                    ScalarValue::Float(f) => Scalar::Float(f),
+                    ScalarValue::Bool(b) => Scalar::Bool(b),
+                };
+                (k, v)
+            })
+            .collect();
+        let mut src = StateSource::new(scalars);
+        for (name, v) in state.tensors {
+            if v.len() != self.len {
+                return Err(format!(
+                    "optimizer state {name} has {} elements, this rank owns {}",
+                    v.len(),
+                    self.len
+                ));
+            }
+            src.insert_tensor(name, TensorData::new(v, [self.len]));
+        }
+        let kind = self.kind();
+        let missing = || format!("the checkpoint lacks part of the {kind} state");
+        match &mut self.kind {
+            Kind::AdamW(b) => {
+                b.1 = Some(
+                    AdamWState::<1>::state_unflatten("", &mut src, &self.device)
+                        .ok_or_else(missing)?,
+                )
+            }
+            Kind::Sgd(b) => {
+                b.1 = Some(
+                    SgdState::<1>::state_unflatten("", &mut src, &self.device)
+                        .ok_or_else(missing)?,
+                )
+            }
+        }
+        Ok(())
     }
 
     /// Bytes of optimizer state this rank holds (m and v for AdamW, velocity for SGD).

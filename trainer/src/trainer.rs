@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
 
+mod ckpt;
 mod zero3;
 
 /// What can go wrong while training.
@@ -32,6 +33,11 @@ pub enum TrainError {
     ModelMismatch(String),
     #[error("invalid trainer configuration: {0}")]
     Config(String),
+    #[error(transparent)]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    /// Another rank failed (it reported its own error); this rank stops with it.
+    #[error("{0}")]
+    OtherRank(String),
 }
 
 /// How to train.

@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod devices;
+pub mod export;
 pub mod launch;
 pub mod node;
 pub mod train;

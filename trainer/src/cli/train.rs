@@ -74,6 +74,20 @@ pub struct TrainArgs {
     /// Write the final flat parameters (little-endian f32) here.
     #[arg(long)]
     pub save_params: Option<PathBuf>,
+    /// Write a sharded checkpoint every K steps into --checkpoint-dir (one is also written
+    /// after the last step and when a signal stops the run).
+    #[arg(long)]
+    pub checkpoint_every: Option<usize>,
+    /// Directory of the checkpoints (`step-NNNNNNNN/` with one shard per rank and a manifest).
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Valid checkpoints kept in --checkpoint-dir (older ones are removed). Default 2.
+    #[arg(long)]
+    pub checkpoint_keep: Option<usize>,
+    /// Resume from the newest valid checkpoint in --checkpoint-dir, on any world size and
+    /// strategy (the flat buffers are resharded); starts at step 0 when there is none.
+    #[arg(long)]
+    pub resume: bool,
     /// TOML file with any of the fields above (flags override it).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -98,6 +112,19 @@ struct FileConfig {
     plot: Option<PathBuf>,
     d_model: Option<usize>,
     layers: Option<usize>,
+    checkpoint_every: Option<usize>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_keep: Option<usize>,
+    resume: Option<bool>,
+}
+
+/// Where and how often checkpoints are written.
+#[derive(Debug, Clone)]
+struct CkptPlan {
+    dir: PathBuf,
+    every: Option<usize>,
+    keep: usize,
+    resume: bool,
 }
 
 /// The resolved run settings.
@@ -116,6 +143,7 @@ struct Run {
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
+    checkpoint: Option<CkptPlan>,
 }
 
 impl TrainArgs {
@@ -192,7 +220,29 @@ impl TrainArgs {
             .clone()
             .or(file.plot)
             .or_else(|| self.metrics.as_ref().map(|m| m.with_extension("png")));
+        let every = self.checkpoint_every.or(file.checkpoint_every);
+        let keep = self.checkpoint_keep.or(file.checkpoint_keep).unwrap_or(2);
+        let resume = self.resume || file.resume.unwrap_or(false);
+        if every == Some(0) {
+            bail!("--checkpoint-every must be at least 1");
+        }
+        if keep == 0 {
+            bail!("--checkpoint-keep must be at least 1");
+        }
+        let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
+            Some(dir) => Some(CkptPlan {
+                dir,
+                every,
+                keep,
+                resume,
+            }),
+            None if every.is_some() || resume => {
+                bail!("--checkpoint-every and --resume need --checkpoint-dir")
+            }
+            None => None,
+        };
         Ok(Run {
+            checkpoint,
             example,
             strategy,
             steps,
@@ -424,7 +474,52 @@ fn train_loop<M: Module>(
     let mut comm_total = 0.0;
     let mut stopped = None;
     let micro = run.accumulate;
-    for step in 0..run.steps {
+    let run_meta = serde_json::json!({
+        "example": run.example.to_string(),
+        "seed": run.seed,
+        "global_batch": run.global_batch,
+        "lr": run.lr,
+        "accumulate": micro,
+        "d_model": run.d_model,
+        "layers": run.layers,
+    });
+    let mut start = 0;
+    if let Some(c) = run.checkpoint.as_ref().filter(|c| c.resume) {
+        match trainer.resume_latest(&c.dir)? {
+            Some(m) => {
+                start = m.step;
+                if leader {
+                    eprintln!(
+                        "wiretrain: resumed from {} at step {start} (written by {} ranks, {})",
+                        c.dir.display(),
+                        m.world,
+                        m.strategy
+                    );
+                    if m.run.get("global_batch") != run_meta.get("global_batch") {
+                        eprintln!(
+                            "wiretrain: warning: the checkpoint was trained with global batch {}, \
+                             this run uses {}; the data order differs from an uninterrupted run",
+                            m.run
+                                .get("global_batch")
+                                .unwrap_or(&serde_json::Value::Null),
+                            run.global_batch
+                        );
+                    }
+                }
+            }
+            None if leader => eprintln!(
+                "wiretrain: no checkpoint in {}; starting at step 0",
+                c.dir.display()
+            ),
+            None => {}
+        }
+    }
+    bar.set_position(start as u64);
+    let node = trainer.process_group().node();
+    for step in start..run.steps {
+        if let Some(ms) = slow_step_hook(node, step) {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let idx = sampler.indices(step);
         let rep = step_fn(&mut trainer, &idx)?;
         let samples_per_s = run.global_batch as f64 / (rep.step_ms / 1e3);
@@ -464,6 +559,24 @@ fn train_loop<M: Module>(
             samples_per_s,
             100.0 * rep.comm_ms / rep.step_ms.max(1e-9)
         ));
+        let done = step + 1;
+        if let Some(c) = &run.checkpoint
+            && (c.every.is_some_and(|k| done.is_multiple_of(k)) || done == run.steps || rep.stop)
+        {
+            let t = Instant::now();
+            let d = trainer
+                .save_checkpoint(&c.dir, done, run_meta.clone(), c.keep)
+                .with_context(|| format!("writing a checkpoint into {}", c.dir.display()))?;
+            if leader {
+                bar.suspend(|| {
+                    eprintln!(
+                        "wiretrain: checkpoint of step {done} written to {} ({:.0} ms)",
+                        d.display(),
+                        t.elapsed().as_secs_f64() * 1e3
+                    )
+                });
+            }
+        }
         if rep.stop {
             stopped = Some(step);
             break;
@@ -497,6 +610,7 @@ fn train_loop<M: Module>(
             "world": world,
             "steps": run.steps,
             "steps_done": steps_done,
+            "resumed_from": start,
             "stopped_early": stopped.is_some(),
             "global_batch": run.global_batch,
             "accumulate": micro,
@@ -533,6 +647,15 @@ fn train_loop<M: Module>(
         }
     }
     Ok(stopped)
+}
+
+/// `WIRETRAIN_TEST_SLOW_STEP=node:step:ms` makes every rank of node `node` spend `ms` more on
+/// step `step`: the fault test of a slow (not dead) node. Unset in normal runs.
+fn slow_step_hook(node: usize, step: usize) -> Option<u64> {
+    let v = std::env::var("WIRETRAIN_TEST_SLOW_STEP").ok()?;
+    let mut it = v.split(':').map(|x| x.parse::<u64>().ok());
+    let (n, s, ms) = (it.next()??, it.next()??, it.next()??);
+    (n == node as u64 && s == step as u64).then_some(ms)
 }
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps] bytes, in rank
