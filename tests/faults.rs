@@ -189,8 +189,26 @@ fn killed_peer_is_named_within_the_timeout() {
     assert!(n1.try_wait().unwrap().is_none(), "node 1 ended early");
     n1.kill().unwrap();
     let _ = n1.wait();
+    let pid0 = n0.id();
     let (ok0, err0, took) = finish(n0, Duration::from_secs(60));
     assert!(!ok0, "node 0 must fail");
+    // The flight recorder of rank 0 shows its last collectives, the failed one last.
+    let flight = std::env::temp_dir().join(format!("wiretrain-flight-{pid0}-rank0.json"));
+    let rec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&flight).expect("flight recorder dump")).unwrap();
+    let last = rec["collectives"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(last["op"], "all_reduce", "{rec}");
+    assert!(last["state"].as_str().unwrap().contains("node 1"), "{rec}");
+    assert!(
+        err0.contains(flight.to_str().unwrap()),
+        "the log names the dump: {err0}"
+    );
+    let _ = std::fs::remove_file(&flight);
     assert!(took < Duration::from_secs(20), "took {took:?}: {err0}");
     assert!(
         err0.contains("node 1"),

@@ -99,6 +99,10 @@ pub enum RendezvousError {
     WrongToken { addr: SocketAddr },
     #[error("refused by the coordinator: {reason}")]
     Refused { reason: String },
+    #[error(
+        "the node at {addr} is of this job but presented a certificate other than the one the rank table names (expected sha256 {expected}); refusing it"
+    )]
+    UnknownCertificate { addr: SocketAddr, expected: String },
     #[error("could not reach the coordinator at {addr} within {timeout:?}: {last_error}")]
     Unreachable {
         addr: SocketAddr,

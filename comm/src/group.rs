@@ -911,7 +911,8 @@ impl Node {
             }
             tracing::info!(%local, nnodes = cfg.nnodes, fingerprint = %fingerprint, "node endpoint up");
             let (table, me, peers) = if cfg.node_rank == Some(0) {
-                let (t, p) = rendezvous::coordinate(&ep, &cfg, local).await?;
+                let (t, p) =
+                    rendezvous::coordinate(&ep, &cfg, local, &identity.node_fingerprint()).await?;
                 (t, 0, p)
             } else {
                 let (t, me, p0) = rendezvous::join(&ep, &identity, &cfg).await?;

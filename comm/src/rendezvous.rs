@@ -10,7 +10,7 @@
 
 use crate::config::NodeConfig;
 use crate::error::{RendezvousError, TransportError, WireError};
-use crate::tls::{JobIdentity, SERVER_NAME};
+use crate::tls::{JobIdentity, Mismatch, SERVER_NAME, peer_sha256, same_fingerprint};
 use crate::topology::{NodeInfo, RankTable};
 use crate::transport::quic::{LaneLinks, close_code, describe_conn_error};
 use crate::wire::{
@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 
@@ -92,11 +92,14 @@ pub async fn dial(
     cfg: &NodeConfig,
     addr: SocketAddr,
     deadline: Instant,
+    pin: Option<&str>,
 ) -> Result<Connection, RendezvousError> {
     let mut last: String;
     loop {
-        let mismatch = Arc::new(AtomicBool::new(false));
-        let mut cc = quinn::ClientConfig::new(Arc::new(identity.client_config(mismatch.clone())?));
+        let mismatch = Arc::new(Mismatch::default());
+        let mut cc = quinn::ClientConfig::new(Arc::new(
+            identity.client_config(mismatch.clone(), pin.map(str::to_string))?,
+        ));
         cc.transport_config(Arc::new(crate::transport::quic::transport_config(
             &cfg.quic,
         )));
@@ -104,8 +107,14 @@ pub async fn dial(
             Ok(connecting) => match timeout_at(deadline, connecting).await {
                 Ok(Ok(c)) => return Ok(c),
                 Ok(Err(e)) => {
-                    if mismatch.load(Ordering::SeqCst) {
+                    if mismatch.job.load(Ordering::SeqCst) {
                         return Err(RendezvousError::WrongToken { addr });
+                    }
+                    if mismatch.node.load(Ordering::SeqCst) {
+                        return Err(RendezvousError::UnknownCertificate {
+                            addr,
+                            expected: pin.unwrap_or_default().to_string(),
+                        });
                     }
                     last = describe_conn_error(&e);
                 }
@@ -151,6 +160,7 @@ pub async fn coordinate(
     ep: &Endpoint,
     cfg: &NodeConfig,
     own_addr: SocketAddr,
+    own_sha256: &str,
 ) -> Result<(RankTable, Vec<Peer>), RendezvousError> {
     let deadline = Instant::now() + cfg.rendezvous_timeout;
     let expected = cfg.nnodes - 1;
@@ -213,7 +223,13 @@ pub async fn coordinate(
                     continue;
                 }
                 let ip = listen_ip.filter(|ip| !ip.is_unspecified()).unwrap_or(a.conn.remote_address().ip());
-                let info = NodeInfo { node: node_rank.unwrap_or(usize::MAX), addr: SocketAddr::new(ip, listen_port), devices };
+                // The fingerprint is that of the certificate the joiner proved it holds in the
+                // handshake, never a claim in its message.
+                let Some(cert_sha256) = peer_sha256(&a.conn) else {
+                    refuse(&mut a.send, &a.conn, "no client certificate").await;
+                    continue;
+                };
+                let info = NodeInfo { node: node_rank.unwrap_or(usize::MAX), addr: SocketAddr::new(ip, listen_port), devices, cert_sha256 };
                 tracing::info!(node = ?node_rank, addr = %info.addr, ranks = info.devices.len(), "node joined");
                 match node_rank {
                     Some(r) => { by_rank.insert(r, (a, info)); }
@@ -243,6 +259,7 @@ pub async fn coordinate(
         node: 0,
         addr: own_addr,
         devices: cfg.devices.clone(),
+        cert_sha256: own_sha256.to_string(),
     }];
     for (&r, (_, info)) in &by_rank {
         nodes.push(NodeInfo {
@@ -286,6 +303,7 @@ pub async fn join(
         cfg,
         cfg.master,
         start + cfg.rendezvous_timeout,
+        None,
     )
     .await?;
     let (mut send, mut recv) = conn.open_bi().await.map_err(|e| TransportError::Connect {
@@ -335,6 +353,23 @@ pub async fn join(
                     reason: format!("inconsistent rank table for node {node}"),
                 });
             }
+            // The coordinator must be the node 0 of the table, and must have recorded the
+            // certificate this node presented.
+            let coord = peer_sha256(&conn).unwrap_or_default();
+            if !same_fingerprint(&coord, &table.nodes()[0].cert_sha256) {
+                return Err(RendezvousError::UnknownCertificate {
+                    addr: cfg.master,
+                    expected: table.nodes()[0].cert_sha256.clone(),
+                });
+            }
+            if !same_fingerprint(
+                &table.nodes()[node].cert_sha256,
+                &identity.node_fingerprint(),
+            ) {
+                return Err(RendezvousError::Refused {
+                    reason: "the rank table names another certificate for this node".into(),
+                });
+            }
             Ok((
                 table,
                 node,
@@ -366,13 +401,13 @@ pub async fn mesh(
     // Dial every lower node except 0.
     for m in 1..me {
         let addr = table.nodes()[m].addr;
-        let conn =
-            dial(ep, identity, cfg, addr, deadline)
-                .await
-                .map_err(|e| RendezvousError::Mesh {
-                    node: m,
-                    reason: e.to_string(),
-                })?;
+        let pin = table.nodes()[m].cert_sha256.as_str();
+        let conn = dial(ep, identity, cfg, addr, deadline, Some(pin))
+            .await
+            .map_err(|e| RendezvousError::Mesh {
+                node: m,
+                reason: e.to_string(),
+            })?;
         let (mut send, recv) = conn.open_bi().await.map_err(|e| RendezvousError::Mesh {
             node: m,
             reason: describe_conn_error(&e),
@@ -425,6 +460,20 @@ pub async fn mesh(
                 continue;
             };
             match timeout_at(deadline, recv_control(&mut recv)).await {
+                Ok(Ok(Control::PeerHello { version, node }))
+                    if version == PROTOCOL_VERSION
+                        && waiting.contains(&node)
+                        && !same_fingerprint(
+                            &peer_sha256(&conn).unwrap_or_default(),
+                            &table.nodes()[node].cert_sha256,
+                        ) =>
+                {
+                    tracing::warn!(%remote, "refused a mesh connection claiming to be node {node}: its certificate is not the one the rank table names");
+                    conn.close(
+                        VarInt::from_u32(close_code::REFUSED),
+                        b"unknown certificate",
+                    );
+                }
                 Ok(Ok(Control::PeerHello { version, node }))
                     if version == PROTOCOL_VERSION && waiting.contains(&node) =>
                 {

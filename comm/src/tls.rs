@@ -1,18 +1,27 @@
 //! Job identity and TLS 1.3 configuration.
 //!
-//! Every node derives the same Ed25519 key and self-signed certificate from the job token
-//! (HMAC-SHA256 of the token as the key seed), generated with rcgen. Both ends of every QUIC
-//! connection present that certificate and accept only exactly that certificate (mutual TLS,
-//! pinned). So a peer that does not know the token cannot complete a handshake, the token
-//! itself never crosses the wire, and there is no plaintext fallback.
+//! The job token is the only secret. Every node derives from it the same Ed25519 key and a
+//! self-signed *job CA* certificate (HMAC-SHA256 of the token as the key seed, rcgen), then
+//! makes a fresh Ed25519 key of its own and a *node certificate* signed by the job CA. Every
+//! QUIC connection is mutual TLS 1.3 with node certificates, checked in two layers:
+//! - the chain: a certificate must be signed by the job CA (webpki), which only holders of the
+//!   token can produce; a peer of another job fails here ("different job token");
+//! - the pin: each node's certificate fingerprint (SHA-256) travels in the rank table the
+//!   rendezvous distributes, and every node-to-node connection checks the exact fingerprint of
+//!   the node it expects (client side in the handshake, server side right after it).
+//!
+//! The token never crosses the wire, node keys never leave their process, and there is no
+//! plaintext fallback.
 
 use crate::error::TransportError;
 use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::RootCertStore;
+use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
-use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::{CertificateError, DigitallySignedStruct, DistinguishedName, SignatureScheme};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -66,17 +75,54 @@ impl From<&str> for Token {
     }
 }
 
-/// The certificate and key every node of a job derives from its token.
+/// This node's TLS identity: the job CA (from the token) and a fresh node certificate.
 pub struct JobIdentity {
+    ca_cert: CertificateDer<'static>,
     cert: CertificateDer<'static>,
     key: PrivatePkcs8KeyDer<'static>,
+    roots: Arc<RootCertStore>,
     provider: Arc<CryptoProvider>,
 }
 
 impl fmt::Debug for JobIdentity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JobIdentity").finish_non_exhaustive()
+        f.debug_struct("JobIdentity")
+            .field("node_sha256", &self.node_fingerprint())
+            .finish_non_exhaustive()
     }
+}
+
+/// Why a handshake was refused, as the dialing side saw it.
+#[derive(Debug, Default)]
+pub struct Mismatch {
+    /// The peer's certificate is not signed by this job's CA (another job token).
+    pub job: AtomicBool,
+    /// The peer is of this job but not the node the rank table names (a pinned fingerprint
+    /// differs).
+    pub node: AtomicBool,
+}
+
+/// Lowercase hex SHA-256 of a certificate: the fingerprint the rank table carries.
+pub fn cert_sha256(cert: &[u8]) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, cert);
+    d.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The fingerprint of the certificate the peer of `conn` presented.
+pub fn peer_sha256(conn: &quinn::Connection) -> Option<String> {
+    let id = conn.peer_identity()?;
+    let certs = id.downcast::<Vec<CertificateDer<'static>>>().ok()?;
+    certs.first().map(|c| cert_sha256(c))
+}
+
+/// Constant-time equality of two fingerprints (no early exit on the first difference).
+pub fn same_fingerprint(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let diff = a
+        .iter()
+        .zip(b)
+        .fold(u8::from(a.len() != b.len()), |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 impl JobIdentity {
@@ -93,35 +139,69 @@ impl JobIdentity {
         pkcs8.extend_from_slice(&seed);
         pkcs8.extend_from_slice(&hex_bytes("812100"));
         pkcs8.extend_from_slice(pair.public_key().as_ref());
-        let key = PrivatePkcs8KeyDer::from(pkcs8);
-        let rc_key = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&key, &rcgen::PKCS_ED25519)
-            .map_err(|e| tls(format!("rcgen key: {e}")))?;
-        let mut params = rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()])
+        let ca_key_der = PrivatePkcs8KeyDer::from(pkcs8);
+        let ca_key =
+            rcgen::KeyPair::from_pkcs8_der_and_sign_algo(&ca_key_der, &rcgen::PKCS_ED25519)
+                .map_err(|e| tls(format!("rcgen key: {e}")))?;
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())
             .map_err(|e| tls(format!("certificate params: {e}")))?;
-        params.serial_number = Some(rcgen::SerialNumber::from_slice(&seed[..16]));
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "wiretrain job");
-        let cert = params
-            .self_signed(&rc_key)
-            .map_err(|e| tls(format!("self-signed certificate: {e}")))?;
+        ca.serial_number = Some(rcgen::SerialNumber::from_slice(&seed[..16]));
+        ca.distinguished_name = rcgen::DistinguishedName::new();
+        ca.distinguished_name
+            .push(rcgen::DnType::CommonName, "wiretrain job CA");
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+        ca.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
+        let ca_cert = ca
+            .self_signed(&ca_key)
+            .map_err(|e| tls(format!("job CA certificate: {e}")))?;
+        let node_key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519)
+            .map_err(|e| tls(format!("node key: {e}")))?;
+        let mut node = rcgen::CertificateParams::new(vec![SERVER_NAME.to_string()])
+            .map_err(|e| tls(format!("certificate params: {e}")))?;
+        node.distinguished_name = rcgen::DistinguishedName::new();
+        node.distinguished_name
+            .push(rcgen::DnType::CommonName, "wiretrain node");
+        node.extended_key_usages = vec![
+            rcgen::ExtendedKeyUsagePurpose::ServerAuth,
+            rcgen::ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let cert = node
+            .signed_by(&node_key, &rcgen::Issuer::from_params(&ca, &ca_key))
+            .map_err(|e| tls(format!("node certificate: {e}")))?;
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(ca_cert.der().clone())
+            .map_err(|e| tls(format!("job CA as trust anchor: {e}")))?;
         Ok(Self {
+            ca_cert: ca_cert.der().clone(),
             cert: cert.der().clone(),
-            key,
+            key: PrivatePkcs8KeyDer::from(node_key.serialize_der()),
+            roots: Arc::new(roots),
             provider: Arc::new(rustls::crypto::ring::default_provider()),
         })
     }
 
-    /// SHA-256 fingerprint of the job certificate (safe to log: reveals nothing of the token).
+    /// Short SHA-256 fingerprint of the job CA certificate (the same on every node of a job;
+    /// safe to log: reveals nothing of the token).
     pub fn fingerprint(&self) -> String {
-        let d = ring::digest::digest(&ring::digest::SHA256, &self.cert);
-        d.as_ref()[..8].iter().map(|b| format!("{b:02x}")).collect()
+        cert_sha256(&self.ca_cert)[..16].to_string()
     }
 
-    /// The QUIC server side: requires and pins the client's certificate.
+    /// SHA-256 of this node's certificate, as the rank table carries it.
+    pub fn node_fingerprint(&self) -> String {
+        cert_sha256(&self.cert)
+    }
+
+    /// The QUIC server side: requires a client certificate signed by the job CA (which node
+    /// it is, is checked against the rank table once the peer says who it is).
     pub fn server_config(&self) -> Result<QuicServerConfig, TransportError> {
-        let verifier = Arc::new(Pinned::new(self, Arc::new(AtomicBool::new(false))));
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(self.roots.clone(), self.provider.clone())
+                .build()
+                .map_err(|e| TransportError::Tls(e.to_string()))?;
         let mut cfg = rustls::ServerConfig::builder_with_provider(self.provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TransportError::Tls(e.to_string()))?
@@ -135,13 +215,23 @@ impl JobIdentity {
         QuicServerConfig::try_from(cfg).map_err(|e| TransportError::Tls(e.to_string()))
     }
 
-    /// The QUIC client side: pins the server's certificate and presents ours. `mismatch` is
-    /// set when the server presented a different certificate (a different job token).
+    /// The QUIC client side: presents this node's certificate and requires the server's to be
+    /// signed by the job CA and, with `pin`, to have exactly that fingerprint. `mismatch`
+    /// records why a handshake was refused.
     pub fn client_config(
         &self,
-        mismatch: Arc<AtomicBool>,
+        mismatch: Arc<Mismatch>,
+        pin: Option<String>,
     ) -> Result<QuicClientConfig, TransportError> {
-        let verifier = Arc::new(Pinned::new(self, mismatch));
+        let inner =
+            WebPkiServerVerifier::builder_with_provider(self.roots.clone(), self.provider.clone())
+                .build()
+                .map_err(|e| TransportError::Tls(e.to_string()))?;
+        let verifier = Arc::new(Pinned {
+            inner,
+            pin,
+            mismatch,
+        });
         let mut cfg = rustls::ClientConfig::builder_with_provider(self.provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TransportError::Tls(e.to_string()))?
@@ -164,72 +254,36 @@ fn hex_bytes(s: &str) -> Vec<u8> {
         .collect()
 }
 
-/// Accepts exactly the job certificate, on both sides of the handshake.
+/// The client's server-certificate check: the job CA's chain (webpki), then the pin.
 #[derive(Debug)]
 struct Pinned {
-    expected: CertificateDer<'static>,
-    provider: Arc<CryptoProvider>,
-    mismatch: Arc<AtomicBool>,
-}
-
-impl Pinned {
-    fn new(id: &JobIdentity, mismatch: Arc<AtomicBool>) -> Self {
-        Self {
-            expected: id.cert.clone(),
-            provider: id.provider.clone(),
-            mismatch,
-        }
-    }
-
-    fn check(&self, presented: &CertificateDer<'_>) -> Result<(), rustls::Error> {
-        // Constant time: the comparison takes as long wherever the first difference is.
-        let (a, b) = (presented.as_ref(), self.expected.as_ref());
-        let diff = a
-            .iter()
-            .zip(b)
-            .fold(u8::from(a.len() != b.len()), |acc, (x, y)| acc | (x ^ y));
-        if std::hint::black_box(diff) == 0 {
-            Ok(())
-        } else {
-            self.mismatch.store(true, Ordering::SeqCst);
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::ApplicationVerificationFailure,
-            ))
-        }
-    }
-
-    fn tls13(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    inner: Arc<WebPkiServerVerifier>,
+    pin: Option<String>,
+    mismatch: Arc<Mismatch>,
 }
 
 impl ServerCertVerifier for Pinned {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: UnixTime,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        self.check(end_entity)
-            .map(|()| ServerCertVerified::assertion())
+        let v = self
+            .inner
+            .verify_server_cert(end_entity, intermediates, server_name, ocsp, now)
+            .inspect_err(|_| self.mismatch.job.store(true, Ordering::SeqCst))?;
+        if let Some(pin) = &self.pin
+            && !same_fingerprint(pin, &cert_sha256(end_entity))
+        {
+            self.mismatch.node.store(true, Ordering::SeqCst);
+            return Err(rustls::Error::InvalidCertificate(
+                CertificateError::ApplicationVerificationFailure,
+            ));
+        }
+        Ok(v)
     }
 
     fn verify_tls12_signature(
@@ -249,51 +303,11 @@ impl ServerCertVerifier for Pinned {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.tls13(message, cert, dss)
+        self.inner.verify_tls13_signature(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.schemes()
-    }
-}
-
-impl ClientCertVerifier for Pinned {
-    fn root_hint_subjects(&self) -> &[DistinguishedName] {
-        &[]
-    }
-
-    fn verify_client_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _now: UnixTime,
-    ) -> Result<ClientCertVerified, rustls::Error> {
-        self.check(end_entity)
-            .map(|()| ClientCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        _message: &[u8],
-        _cert: &CertificateDer<'_>,
-        _dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        Err(rustls::Error::PeerIncompatible(
-            rustls::PeerIncompatible::Tls13RequiredForQuic,
-        ))
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.tls13(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.schemes()
+        self.inner.supported_verify_schemes()
     }
 }
 
@@ -302,15 +316,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn identity_is_deterministic_per_token() {
+    fn job_ca_is_deterministic_per_token_and_node_certificates_are_not() {
         let a = JobIdentity::from_token(&"secret-a".into()).unwrap();
         let a2 = JobIdentity::from_token(&"secret-a".into()).unwrap();
         let b = JobIdentity::from_token(&"secret-b".into()).unwrap();
-        assert_eq!(a.cert, a2.cert);
-        assert_ne!(a.cert, b.cert);
+        assert_eq!(a.ca_cert, a2.ca_cert);
+        assert_ne!(a.ca_cert, b.ca_cert);
+        assert_ne!(
+            a.cert, a2.cert,
+            "every node has its own key and certificate"
+        );
+        assert_eq!(a.fingerprint(), a2.fingerprint());
         assert_eq!(a.fingerprint().len(), 16);
+        assert_eq!(a.node_fingerprint().len(), 64);
         a.server_config().unwrap();
-        a.client_config(Arc::new(AtomicBool::new(false))).unwrap();
+        a.client_config(Arc::default(), Some(a2.node_fingerprint()))
+            .unwrap();
+        assert!(same_fingerprint("ab", "ab") && !same_fingerprint("ab", "ac"));
+        assert!(!same_fingerprint("ab", "abc"));
     }
 
     #[test]

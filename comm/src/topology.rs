@@ -15,6 +15,10 @@ pub struct NodeInfo {
     pub addr: SocketAddr,
     /// One description per local rank (the rank's device), in local-rank order.
     pub devices: Vec<String>,
+    /// SHA-256 (hex) of the node's TLS certificate, as presented at rendezvous; every
+    /// node-to-node connection pins it.
+    #[serde(default)]
+    pub cert_sha256: String,
 }
 
 /// The table every rank receives from the rendezvous: identical on all nodes. Deserializing
@@ -166,6 +170,7 @@ mod tests {
                     node: i,
                     addr: format!("127.0.0.{}:1000", i + 1).parse().unwrap(),
                     devices: vec!["cpu".into(); k],
+                    cert_sha256: String::new(),
                 })
                 .collect(),
         )

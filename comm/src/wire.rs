@@ -15,7 +15,7 @@ use serde::{Serialize, de::DeserializeOwned};
 /// "WTRN" on the wire.
 pub const MAGIC: u32 = 0x5754_524e;
 /// Bumped on any incompatible change; checked at rendezvous.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 pub const FRAME_HEADER_LEN: usize = 32;
 pub const STREAM_HEADER_LEN: usize = 16;
 /// The largest payload one frame may carry.

@@ -84,6 +84,7 @@ mod tests {
                     node: i,
                     addr: "127.0.0.1:1".parse().unwrap(),
                     devices: vec![String::new(); k],
+                    cert_sha256: String::new(),
                 })
                 .collect(),
         )
