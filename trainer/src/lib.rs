@@ -43,6 +43,7 @@ pub mod flat;
 pub mod launch;
 pub mod models;
 pub mod optim;
+pub mod plan;
 pub mod plot;
 pub mod rss;
 pub mod signal;

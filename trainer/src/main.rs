@@ -1,4 +1,4 @@
-//! The `wiretrain` binary: `bench`, `train`, `launch`, `export`, `devices`.
+//! The `wiretrain` binary: `bench`, `train`, `launch`, `plan`, `export`, `devices`.
 
 mod cli;
 
@@ -23,6 +23,8 @@ enum Cmd {
     Train(Box<cli::train::TrainArgs>),
     /// Start several local node processes of a job on 127.0.0.x (e.g. `-- train ...`).
     Launch(cli::launch::LaunchArgs),
+    /// Predict memory, communication and speed per strategy for a model on a cluster.
+    Plan(Box<cli::plan::PlanArgs>),
     /// Write one consolidated safetensors model from a sharded checkpoint.
     Export(cli::export::ExportArgs),
     /// List the devices (wgpu adapters, CPU backend) wiretrain can train on.
@@ -44,6 +46,7 @@ fn main() {
         Cmd::Train(a) => cli::train::run(a),
         Cmd::Launch(a) => cli::launch::run(a),
         Cmd::Export(a) => cli::export::run(a),
+        Cmd::Plan(a) => cli::plan::run(a),
         Cmd::Devices => cli::devices::run(),
     };
     if let Err(e) = res {

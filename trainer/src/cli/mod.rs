@@ -5,6 +5,7 @@ pub mod devices;
 pub mod export;
 pub mod launch;
 pub mod node;
+pub mod plan;
 pub mod train;
 
 /// A run stopped cleanly by a signal (exit code 130).

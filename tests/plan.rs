@@ -1,0 +1,106 @@
+//! `wiretrain plan` through the binary: the JSON contract other tools depend on, the ZeRO
+//! paper's Figure 1 figures, the interconnects table, and bad input.
+
+mod common;
+
+use std::time::Duration;
+
+fn plan(args: &[&str]) -> std::process::Output {
+    let mut a = vec!["plan"];
+    a.extend_from_slice(args);
+    common::run(&a, &[], Duration::from_secs(30))
+}
+
+#[test]
+fn json_contract_and_zero_figure_1() {
+    let out = plan(&[
+        "--params",
+        "7.5e9",
+        "--nodes",
+        "8",
+        "--gpus-per-node",
+        "8",
+        "--precision",
+        "mixed",
+        "--device-mem",
+        "32",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rows = common::rows(&out);
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|r| r["strategy"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["ddp", "zero1", "zero2", "zero3", "hybrid"]);
+    for r in &rows {
+        for f in ["bytes_per_device", "fits", "step_s", "tokens_per_s"] {
+            assert!(r.get(f).is_some(), "{r} lacks {f}");
+        }
+    }
+    // No activations without a shape, so bytes per device are the model states of Figure 1.
+    let gb: Vec<f64> = rows
+        .iter()
+        .map(|r| r["bytes_per_device"].as_f64().unwrap() / 1e9)
+        .collect();
+    assert_eq!(&gb[..4], &[120.0, 31.40625, 16.640625, 1.875]);
+    assert_eq!(rows[0]["fits"], false);
+    assert_eq!(rows.iter().filter(|r| r["recommended"] == true).count(), 1);
+    let vol: Vec<f64> = rows
+        .iter()
+        .map(|r| r["volume_elems"].as_f64().unwrap() / 7.5e9)
+        .collect();
+    assert_eq!(vol, [2.0, 2.0, 2.0, 3.0, 2.0]);
+}
+
+#[test]
+fn human_table_and_interconnects_table() {
+    let out = plan(&[
+        "--layers", "24", "--hidden", "2048", "--heads", "16", "--nodes", "2",
+    ]);
+    let text = common::text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("<- recommended") && text.contains("recommendation:"),
+        "{text}"
+    );
+    let out = plan(&["--table", "interconnects"]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{text}");
+    for w in ["IB NDR", "RoCE 100G", "100 GbE", "10 GbE", "PCIe Gen4"] {
+        assert!(text.contains(w), "{w} row missing:\n{text}");
+    }
+    // 70B in mixed precision on 16 devices of 80 GB: only ZeRO-3 fits (DDP needs 16 x 70 GB
+    // of model states plus 2.7 GB of recomputation checkpoints).
+    assert!(text.contains("no fit (1123)"), "{text}");
+    assert_eq!(text.matches("| zero3    |").count(), 5, "{text}");
+    let out = plan(&["--table", "interconnects", "--json"]);
+    assert_eq!(common::rows(&out).len(), 25);
+}
+
+#[test]
+fn bad_input_exits_2_with_the_flag_named() {
+    for (args, want) in [
+        (vec!["--params=-3"], "--params"),
+        (vec![], "--params N or a transformer shape"),
+        (vec!["--params", "1e9", "--intra", "warp"], "--intra"),
+        (
+            vec!["--params", "1e9", "--global-batch", "7"],
+            "--global-batch",
+        ),
+        (vec!["--params", "1e9", "--table", "x"], "--table"),
+    ] {
+        let out = plan(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}",
+            common::text(&out)
+        );
+        assert!(
+            common::text(&out).contains(want),
+            "{args:?}: {}",
+            common::text(&out)
+        );
+    }
+}

@@ -1,0 +1,302 @@
+//! `wiretrain plan`: per strategy, bytes per device, whether it fits, communication per step,
+//! predicted step time and tokens/s, and a recommendation; `--table interconnects` prints the
+//! 70B-on-16-GPUs table for five wirings. The model is in `wiretrain::plan`.
+
+use anyhow::{Result, bail};
+use clap::Args;
+use wiretrain::plan::{
+    Link, PRESETS, PlanInput, PlanStrategy, Precision, Shape, WireDtype, reason,
+};
+
+#[derive(Debug, Clone, Args)]
+pub struct PlanArgs {
+    /// Parameter count (e.g. 7.5e9); or give the transformer shape instead.
+    #[arg(long)]
+    pub params: Option<f64>,
+    /// Transformer layers (with --hidden, --heads, --vocab: counts parameters and activations).
+    #[arg(long)]
+    pub layers: Option<u64>,
+    #[arg(long)]
+    pub hidden: Option<u64>,
+    #[arg(long)]
+    pub heads: Option<u64>,
+    #[arg(long, default_value_t = 50_257)]
+    pub vocab: u64,
+    /// Tokens per sequence.
+    #[arg(long, default_value_t = 2048)]
+    pub seq: u64,
+    /// Sequences per device per micro-step.
+    #[arg(long, default_value_t = 1)]
+    pub micro_batch: u64,
+    /// Sequences per optimizer step over all devices (default: one micro-batch per device).
+    #[arg(long)]
+    pub global_batch: Option<u64>,
+    #[arg(long, default_value_t = 1)]
+    pub nodes: u64,
+    #[arg(long, default_value_t = 8)]
+    pub gpus_per_node: u64,
+    /// Device memory in GB (1e9 bytes).
+    #[arg(long, default_value_t = 80.0)]
+    pub device_mem: f64,
+    /// f32, or mixed (16-bit params and grads, f32 master weights and Adam state: K = 12).
+    #[arg(long, default_value = "mixed")]
+    pub precision: String,
+    /// Element type on the wire: f32, bf16, f16, int8 (default: 16-bit with mixed precision).
+    #[arg(long)]
+    pub wire: Option<String>,
+    /// Achieved TFLOP/s per device (not the datasheet peak).
+    #[arg(long, default_value_t = 400.0)]
+    pub tflops: f64,
+    /// Intra-node link preset (pcie4, pcie5, nvlink4, ib-ndr, ib-hdr, roce-100g, eth-100g, eth-10g).
+    #[arg(long, default_value = "nvlink4")]
+    pub intra: String,
+    /// Inter-node link preset (the node's total network rate).
+    #[arg(long, default_value = "ib-ndr")]
+    pub inter: String,
+    /// Intra-node rate in Gbit/s per direction (overrides --intra).
+    #[arg(long)]
+    pub intra_gbps: Option<f64>,
+    #[arg(long, default_value_t = 2.0)]
+    pub intra_latency_us: f64,
+    /// Inter-node rate in Gbit/s per direction (overrides --inter).
+    #[arg(long)]
+    pub inter_gbps: Option<f64>,
+    #[arg(long, default_value_t = 10.0)]
+    pub inter_latency_us: f64,
+    /// Activations recomputed in backward (8Ψ FLOPs per token, 2·s·b·h bytes per layer kept).
+    #[arg(long)]
+    pub recompute: bool,
+    /// Fraction of communication hidden behind compute, 0..=1 (0: wiretrain today).
+    #[arg(long, default_value_t = 0.0)]
+    pub overlap: f64,
+    /// One JSON object per strategy.
+    #[arg(long)]
+    pub json: bool,
+    /// Print a ready-made table instead: `interconnects` (70B on 2 x 8 80 GB GPUs).
+    #[arg(long)]
+    pub table: Option<String>,
+}
+
+fn link(preset: &str, gbps: Option<f64>, latency_us: f64, which: &str) -> Result<Link> {
+    if let Some(g) = gbps {
+        return Ok(Link::gbits(g, latency_us));
+    }
+    match Link::preset(preset) {
+        Some(l) => Ok(l),
+        None => bail!(
+            "--{which}: unknown preset {preset:?}; one of {}",
+            PRESETS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
+        ),
+    }
+}
+
+impl PlanArgs {
+    fn input(&self) -> Result<PlanInput> {
+        let shape = match (self.layers, self.hidden, self.heads) {
+            (Some(layers), Some(hidden), Some(heads)) => Some(Shape {
+                layers,
+                hidden,
+                heads,
+                vocab: self.vocab,
+            }),
+            (None, None, None) => None,
+            _ => bail!("--layers, --hidden and --heads go together"),
+        };
+        let params = match (self.params, shape) {
+            (Some(p), _) => p,
+            (None, Some(sh)) => sh.params(self.seq),
+            (None, None) => {
+                bail!("--params N or a transformer shape (--layers --hidden --heads) is required")
+            }
+        };
+        let precision: Precision = self
+            .precision
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+        let wire: WireDtype = match &self.wire {
+            Some(w) => w.parse().map_err(|e| anyhow::anyhow!("--wire: {e}"))?,
+            None if precision == Precision::Mixed => WireDtype::Bf16,
+            None => WireDtype::F32,
+        };
+        let devices = self.nodes.max(1) * self.gpus_per_node.max(1);
+        let input = PlanInput {
+            params,
+            shape,
+            seq: self.seq,
+            micro_batch: self.micro_batch,
+            global_batch: self
+                .global_batch
+                .unwrap_or(devices * self.micro_batch.max(1)),
+            nodes: self.nodes,
+            gpus_per_node: self.gpus_per_node,
+            device_mem: self.device_mem * 1e9,
+            precision,
+            wire,
+            tflops: self.tflops,
+            intra: link(&self.intra, self.intra_gbps, self.intra_latency_us, "intra")?,
+            inter: link(&self.inter, self.inter_gbps, self.inter_latency_us, "inter")?,
+            recompute: self.recompute,
+            overlap: self.overlap,
+        };
+        input.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(input)
+    }
+}
+
+pub fn run(args: &PlanArgs) -> Result<()> {
+    if let Some(t) = &args.table {
+        return match t.as_str() {
+            "interconnects" => {
+                print!("{}", interconnects_table(args.json));
+                Ok(())
+            }
+            o => bail!("--table: unknown table {o:?} (interconnects)"),
+        };
+    }
+    let input = args.input()?;
+    let plans = input.plan();
+    if args.json {
+        for p in &plans {
+            println!("{}", serde_json::to_string(p)?);
+        }
+        return Ok(());
+    }
+    println!(
+        "# {:.3e} parameters, {} node(s) x {} device(s) of {:.0} GB, {} precision, {} on the wire",
+        input.params,
+        input.nodes,
+        input.gpus_per_node,
+        input.device_mem / 1e9,
+        format!("{:?}", input.precision).to_lowercase(),
+        format!("{:?}", input.wire).to_lowercase()
+    );
+    println!(
+        "# global batch {} x {} tokens; {:.0} TFLOP/s per device; intra {:.1} GB/s, inter {:.2} GB/s per direction",
+        input.global_batch,
+        input.seq,
+        input.tflops,
+        input.intra.bytes_per_s / 1e9,
+        input.inter.bytes_per_s / 1e9
+    );
+    println!(
+        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>9} {:>12}",
+        "strategy",
+        "params",
+        "grads",
+        "optim",
+        "activ",
+        "total GB",
+        "fits",
+        "intra GB",
+        "inter GB",
+        "step s",
+        "tokens/s"
+    );
+    for p in &plans {
+        println!(
+            "{:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>5} {:>10.2} {:>10.2} {:>9.3} {:>12.0}{}",
+            p.strategy.to_string(),
+            p.params_bytes / 1e9,
+            p.grads_bytes / 1e9,
+            p.optim_bytes / 1e9,
+            p.activation_bytes / 1e9,
+            p.bytes_per_device / 1e9,
+            if p.fits { "yes" } else { "no" },
+            p.comm_bytes_intra / 1e9,
+            p.comm_bytes_inter / 1e9,
+            p.step_s,
+            p.tokens_per_s,
+            if p.recommended {
+                "  <- recommended"
+            } else {
+                ""
+            }
+        );
+    }
+    println!("recommendation: {}", reason(&plans, input.device_mem));
+    Ok(())
+}
+
+/// 70B parameters on 16 H100-class GPUs (2 nodes x 8, 80 GB, 400 achieved TFLOP/s), mixed
+/// precision, activations recomputed, global batch 64 x 2048 tokens, one row per wiring.
+pub fn interconnects_table(json: bool) -> String {
+    let wirings = [
+        ("nvlink4", "ib-ndr", "NVLink in node, IB NDR across"),
+        ("nvlink4", "roce-100g", "NVLink in node, RoCE 100G across"),
+        ("nvlink4", "eth-100g", "NVLink in node, 100 GbE across"),
+        ("nvlink4", "eth-10g", "NVLink in node, 10 GbE across"),
+        ("pcie4", "eth-10g", "PCIe Gen4 in node, 10 GbE across"),
+    ];
+    let mut out = String::new();
+    if !json {
+        out.push_str(
+            "# 70B parameters, 2 nodes x 8 GPUs of 80 GB, 400 TFLOP/s achieved each, mixed precision\n\
+             # (K = 12), bf16 on the wire, activations recomputed, 64 x 2048 tokens per step, no overlap.\n\
+             # tokens/s per strategy, or \"no fit\" (GB per device needed)\n",
+        );
+        out.push_str(&format!(
+            "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
+            "wiring", "ddp", "zero1", "zero2", "zero3", "hybrid", "choose"
+        ));
+        out.push_str(&format!("|{}|\n", ["-"; 7].map(|_| "---").join("|")));
+    }
+    for (intra, inter, name) in wirings {
+        let input = PlanInput {
+            params: 70e9,
+            shape: Some(Shape {
+                layers: 80,
+                hidden: 8192,
+                heads: 64,
+                vocab: 32_000,
+            }),
+            seq: 2048,
+            micro_batch: 1,
+            global_batch: 64,
+            nodes: 2,
+            gpus_per_node: 8,
+            device_mem: 80e9,
+            precision: Precision::Mixed,
+            wire: WireDtype::Bf16,
+            tflops: 400.0,
+            intra: Link::preset(intra).expect("preset"),
+            inter: Link::preset(inter).expect("preset"),
+            recompute: true,
+            overlap: 0.0,
+        };
+        let plans = input.plan();
+        if json {
+            for p in &plans {
+                let mut v = serde_json::to_value(p).expect("serializes");
+                v["wiring"] = name.into();
+                out.push_str(&format!("{v}\n"));
+            }
+            continue;
+        }
+        let cell = |st: PlanStrategy| {
+            let p = plans
+                .iter()
+                .find(|p| p.strategy == st)
+                .expect("all strategies");
+            if p.fits {
+                format!("{:.0}", p.tokens_per_s)
+            } else {
+                format!("no fit ({:.0})", p.bytes_per_device / 1e9)
+            }
+        };
+        let choose = plans
+            .iter()
+            .find(|p| p.recommended)
+            .map_or("none".to_string(), |p| p.strategy.to_string());
+        out.push_str(&format!(
+            "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
+            name,
+            cell(PlanStrategy::Ddp),
+            cell(PlanStrategy::Zero1),
+            cell(PlanStrategy::Zero2),
+            cell(PlanStrategy::Zero3),
+            cell(PlanStrategy::Hybrid),
+            choose
+        ));
+    }
+    out
+}

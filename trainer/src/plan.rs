@@ -1,0 +1,565 @@
+//! `wiretrain plan`: what fits and how fast it goes, per strategy, before renting a cluster.
+//!
+//! Pure arithmetic, every assumption written down (also in docs/WIRING.md):
+//! - **Memory** (the ZeRO paper's model-state accounting, GB = 1e9 bytes): mixed precision holds
+//!   2 bytes of parameters, 2 of gradients and K = 12 of optimizer state (f32 master, m, v) per
+//!   parameter; f32 holds 4 + 4 + 8. DDP keeps all of it on every device; ZeRO-1 shards the
+//!   optimizer state over the N devices, ZeRO-2 also the gradients, ZeRO-3 also the parameters;
+//!   hybrid is ZeRO-2 inside a node (shards over the g devices of a node), replicated across
+//!   nodes. Activations (when a transformer shape is given) follow Korthikanti et al.:
+//!   `s·b·h·(34 + 5·a·s/h)` bytes per layer at 16 bits, or `2·s·b·h` per layer with full
+//!   recomputation; scaled by 2 for f32. Temporary buffers and fragmentation are not counted.
+//! - **Communication** follows wiretrain's hierarchical collectives: a reduce-scatter or
+//!   all-gather of Ψ elements over N = n·g devices moves Ψ(g−1)/g per device over the intra-node
+//!   link and Ψ(n−1)/(n·g) per device across nodes (one ring per local rank, the g lanes of a
+//!   node sharing its network link). DDP, ZeRO-1 and ZeRO-2 run one reduce-scatter and one
+//!   all-gather (an all-reduce) per step — volume 2Ψ; ZeRO-3 gathers the parameters twice
+//!   (forward, backward) and reduce-scatters the gradients — 3Ψ; hybrid does its two inside the
+//!   node and all-reduces each device's Ψ/g piece across nodes. Time per link level is α–β:
+//!   `steps·α + bytes/β`.
+//! - **Compute**: 6·Ψ FLOPs per token (8·Ψ with recomputation) at the device's achieved TFLOP/s.
+//! - **Overlap**: `step = compute + max((1 − overlap)·comm, comm − compute)`; the default overlap
+//!   0 is wiretrain today for DDP/ZeRO-1/2 (communication after the backward pass), 1 would be
+//!   perfect overlap. The optimizer step and data loading are not counted.
+
+use serde::Serialize;
+use std::fmt;
+use std::str::FromStr;
+
+/// A link: bandwidth per direction (bytes/s) and per-message latency (s).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Link {
+    pub bytes_per_s: f64,
+    pub latency_s: f64,
+}
+
+/// The interconnect presets and their per-direction rates.
+pub const PRESETS: &[(&str, f64, f64, &str)] = &[
+    // name, GB/s per direction, latency in µs, note
+    ("pcie4", 32.0, 2.0, "PCIe Gen4 x16"),
+    ("pcie5", 64.0, 2.0, "PCIe Gen5 x16"),
+    (
+        "nvlink4",
+        450.0,
+        1.0,
+        "NVLink 4: 900 GB/s bidirectional per GPU",
+    ),
+    ("ib-ndr", 50.0, 3.0, "InfiniBand NDR, 400 Gbit/s"),
+    ("ib-hdr", 25.0, 3.0, "InfiniBand HDR, 200 Gbit/s"),
+    ("roce-100g", 12.5, 5.0, "RoCE 100 Gbit/s"),
+    ("eth-100g", 12.5, 30.0, "100 GbE over UDP/QUIC"),
+    ("eth-10g", 1.25, 50.0, "10 GbE over UDP/QUIC"),
+];
+
+impl Link {
+    pub fn preset(name: &str) -> Option<Self> {
+        PRESETS
+            .iter()
+            .find(|p| p.0 == name)
+            .map(|p| Self::gbytes(p.1, p.2))
+    }
+
+    /// From GB/s and µs.
+    pub fn gbytes(gb_per_s: f64, latency_us: f64) -> Self {
+        Self {
+            bytes_per_s: gb_per_s * 1e9,
+            latency_s: latency_us * 1e-6,
+        }
+    }
+
+    /// From Gbit/s and µs.
+    pub fn gbits(gbit_per_s: f64, latency_us: f64) -> Self {
+        Self::gbytes(gbit_per_s / 8.0, latency_us)
+    }
+}
+
+/// Numeric precision of the model states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    F32,
+    Mixed,
+}
+
+impl FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "mixed" => Ok(Self::Mixed),
+            o => Err(format!("unknown precision {o:?} (f32, mixed)")),
+        }
+    }
+}
+
+/// Element type on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WireDtype {
+    F32,
+    Bf16,
+    F16,
+    Int8,
+}
+
+impl WireDtype {
+    /// Bytes per element, int8 with one f32 scale per 128-element block.
+    pub fn bytes(self) -> f64 {
+        match self {
+            Self::F32 => 4.0,
+            Self::Bf16 | Self::F16 => 2.0,
+            Self::Int8 => 1.0 + 4.0 / 128.0,
+        }
+    }
+}
+
+impl FromStr for WireDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            "f16" => Ok(Self::F16),
+            "int8" => Ok(Self::Int8),
+            o => Err(format!("unknown wire dtype {o:?} (f32, bf16, f16, int8)")),
+        }
+    }
+}
+
+/// A transformer's shape (for the parameter count and activation memory).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Shape {
+    pub layers: u64,
+    pub hidden: u64,
+    pub heads: u64,
+    pub vocab: u64,
+}
+
+impl Shape {
+    /// GPT-style count: per layer 12h² + 13h (attention, MLP, two norms), plus embeddings
+    /// (vocabulary, and `seq` learned positions).
+    pub fn params(&self, seq: u64) -> f64 {
+        let (l, h) = (self.layers as f64, self.hidden as f64);
+        l * (12.0 * h * h + 13.0 * h) + (self.vocab + seq) as f64 * h
+    }
+}
+
+/// The strategies the planner compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PlanStrategy {
+    Ddp,
+    Zero1,
+    Zero2,
+    Zero3,
+    Hybrid,
+}
+
+impl PlanStrategy {
+    pub const ALL: [Self; 5] = [
+        Self::Ddp,
+        Self::Zero1,
+        Self::Zero2,
+        Self::Zero3,
+        Self::Hybrid,
+    ];
+}
+
+impl fmt::Display for PlanStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ddp => "ddp",
+            Self::Zero1 => "zero1",
+            Self::Zero2 => "zero2",
+            Self::Zero3 => "zero3",
+            Self::Hybrid => "hybrid",
+        })
+    }
+}
+
+/// Everything the plan depends on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanInput {
+    /// Ψ, the parameter count.
+    pub params: f64,
+    /// When known: the shape (activation memory is counted only then).
+    pub shape: Option<Shape>,
+    pub seq: u64,
+    /// Sequences per device per micro-step.
+    pub micro_batch: u64,
+    /// Sequences per optimizer step over all devices.
+    pub global_batch: u64,
+    pub nodes: u64,
+    pub gpus_per_node: u64,
+    /// Device memory in bytes.
+    pub device_mem: f64,
+    pub precision: Precision,
+    pub wire: WireDtype,
+    /// Achieved (not peak) TFLOP/s per device.
+    pub tflops: f64,
+    pub intra: Link,
+    pub inter: Link,
+    pub recompute: bool,
+    /// Fraction of communication hidden behind compute (0..=1).
+    pub overlap: f64,
+}
+
+/// The plan of one strategy.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StrategyPlan {
+    pub strategy: PlanStrategy,
+    pub params_bytes: f64,
+    pub grads_bytes: f64,
+    pub optim_bytes: f64,
+    pub activation_bytes: f64,
+    pub bytes_per_device: f64,
+    pub fits: bool,
+    /// Elements communicated per device per step in the large-N limit (2Ψ or 3Ψ).
+    pub volume_elems: f64,
+    pub comm_bytes_intra: f64,
+    pub comm_bytes_inter: f64,
+    pub compute_s: f64,
+    pub comm_s: f64,
+    pub step_s: f64,
+    pub tokens_per_s: f64,
+    pub recommended: bool,
+}
+
+impl PlanInput {
+    /// Checks the input; returns the first problem in words.
+    pub fn validate(&self) -> Result<(), String> {
+        let pos = |v: f64, what: &str| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(format!("{what} must be a positive number, not {v}"))
+            }
+        };
+        pos(self.params, "--params")?;
+        pos(self.device_mem, "--device-mem")?;
+        pos(self.tflops, "--tflops")?;
+        pos(self.intra.bytes_per_s, "the intra-node link rate")?;
+        pos(self.inter.bytes_per_s, "the inter-node link rate")?;
+        if self.nodes == 0 || self.gpus_per_node == 0 || self.seq == 0 || self.micro_batch == 0 {
+            return Err(
+                "--nodes, --gpus-per-node, --seq and --micro-batch must be at least 1".into(),
+            );
+        }
+        let n = self.nodes * self.gpus_per_node;
+        if self.global_batch == 0 || !self.global_batch.is_multiple_of(n * self.micro_batch) {
+            return Err(format!(
+                "--global-batch {} must be a positive multiple of devices ({n}) x --micro-batch ({})",
+                self.global_batch, self.micro_batch
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.overlap) {
+            return Err(format!("--overlap {} is outside 0..=1", self.overlap));
+        }
+        if self.intra.latency_s < 0.0 || self.inter.latency_s < 0.0 {
+            return Err("link latencies cannot be negative".into());
+        }
+        Ok(())
+    }
+
+    fn devices(&self) -> f64 {
+        (self.nodes * self.gpus_per_node) as f64
+    }
+
+    /// Bytes per parameter of (parameters, gradients, optimizer state): (2, 2, K=12) mixed,
+    /// (4, 4, 8) f32.
+    pub fn state_bytes(&self) -> (f64, f64, f64) {
+        match self.precision {
+            Precision::Mixed => (2.0, 2.0, 12.0),
+            Precision::F32 => (4.0, 4.0, 8.0),
+        }
+    }
+
+    /// Activation bytes per device (0 without a shape).
+    pub fn activation_bytes(&self) -> f64 {
+        let Some(sh) = self.shape else { return 0.0 };
+        let (s, b, h, a) = (
+            self.seq as f64,
+            self.micro_batch as f64,
+            sh.hidden as f64,
+            sh.heads as f64,
+        );
+        let per_layer = if self.recompute {
+            2.0 * s * b * h
+        } else {
+            s * b * h * (34.0 + 5.0 * a * s / h)
+        };
+        let width = match self.precision {
+            Precision::Mixed => 1.0,
+            Precision::F32 => 2.0,
+        };
+        per_layer * sh.layers as f64 * width
+    }
+
+    /// Model-state bytes per device: (params, grads, optimizer).
+    pub fn model_states(&self, st: PlanStrategy) -> (f64, f64, f64) {
+        let (p, g, o) = self.state_bytes();
+        let psi = self.params;
+        let n = self.devices();
+        let gpn = self.gpus_per_node as f64;
+        match st {
+            PlanStrategy::Ddp => (p * psi, g * psi, o * psi),
+            PlanStrategy::Zero1 => (p * psi, g * psi, o * psi / n),
+            PlanStrategy::Zero2 => (p * psi, g * psi / n, o * psi / n),
+            PlanStrategy::Zero3 => (p * psi / n, g * psi / n, o * psi / n),
+            PlanStrategy::Hybrid => (p * psi, g * psi / gpn, o * psi / gpn),
+        }
+    }
+
+    /// Communication per device per step: (large-N volume in elements, intra bytes, inter
+    /// bytes, seconds).
+    pub fn communication(&self, st: PlanStrategy) -> (f64, f64, f64, f64) {
+        let psi = self.params;
+        let (n, g) = (self.nodes as f64, self.gpus_per_node as f64);
+        let w = self.wire.bytes();
+        // One reduce-scatter or all-gather of Ψ over all devices, hierarchically.
+        let intra_rs = psi * (g - 1.0) / g * w;
+        let inter_rs = psi * (n - 1.0) / (n * g) * w;
+        let (ops, volume) = match st {
+            PlanStrategy::Ddp | PlanStrategy::Zero1 | PlanStrategy::Zero2 => (2.0, 2.0 * psi),
+            PlanStrategy::Zero3 => (3.0, 3.0 * psi),
+            // Inside the node a reduce-scatter and an all-gather; across nodes an all-reduce
+            // of each device's Ψ/g piece, which moves the same bytes as the hierarchical pair.
+            PlanStrategy::Hybrid => (2.0, 2.0 * psi),
+        };
+        let (intra, inter) = (ops * intra_rs, ops * inter_rs);
+        // Ring steps: g−1 per collective inside the node, n−1 across nodes. The g lanes of a
+        // node share its link.
+        let t_intra = ops * (g - 1.0) * self.intra.latency_s + intra / self.intra.bytes_per_s;
+        let t_inter = if self.nodes > 1 {
+            ops * (n - 1.0) * self.inter.latency_s + inter * g / self.inter.bytes_per_s
+        } else {
+            0.0
+        };
+        (volume, intra, inter, t_intra + t_inter)
+    }
+
+    /// The plan of every strategy; the fastest that fits is recommended (ties within 2 % go
+    /// to the one that keeps more memory free).
+    pub fn plan(&self) -> Vec<StrategyPlan> {
+        let tokens = (self.global_batch * self.seq) as f64;
+        let flops_per_token = if self.recompute { 8.0 } else { 6.0 } * self.params;
+        let compute_s = flops_per_token * tokens / self.devices() / (self.tflops * 1e12);
+        let act = self.activation_bytes();
+        let mut out: Vec<StrategyPlan> = PlanStrategy::ALL
+            .iter()
+            .map(|&st| {
+                let (p, g, o) = self.model_states(st);
+                let bytes = p + g + o + act;
+                let (volume, intra, inter, comm_s) = self.communication(st);
+                let step_s = compute_s
+                    + ((1.0 - self.overlap) * comm_s)
+                        .max(comm_s - compute_s)
+                        .max(0.0);
+                StrategyPlan {
+                    strategy: st,
+                    params_bytes: p,
+                    grads_bytes: g,
+                    optim_bytes: o,
+                    activation_bytes: act,
+                    bytes_per_device: bytes,
+                    fits: bytes <= self.device_mem,
+                    volume_elems: volume,
+                    comm_bytes_intra: intra,
+                    comm_bytes_inter: inter,
+                    compute_s,
+                    comm_s,
+                    step_s,
+                    tokens_per_s: tokens / step_s,
+                    recommended: false,
+                }
+            })
+            .collect();
+        let best = out
+            .iter()
+            .filter(|p| p.fits)
+            .map(|p| p.tokens_per_s)
+            .fold(0.0, f64::max);
+        if let Some(i) = out
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| p.fits && p.tokens_per_s >= 0.98 * best)
+            .min_by(|a, b| a.1.bytes_per_device.total_cmp(&b.1.bytes_per_device))
+            .map(|(i, _)| i)
+        {
+            out[i].recommended = true;
+        }
+        out
+    }
+}
+
+/// Why the recommended strategy was chosen, in one sentence.
+pub fn reason(plans: &[StrategyPlan], device_mem: f64) -> String {
+    let Some(r) = plans.iter().find(|p| p.recommended) else {
+        let least = plans
+            .iter()
+            .min_by(|a, b| a.bytes_per_device.total_cmp(&b.bytes_per_device))
+            .expect("five strategies");
+        return format!(
+            "nothing fits: even {} needs {:.1} GB per device of {:.1} GB; add devices, \
+             recompute activations or shrink the micro-batch",
+            least.strategy,
+            least.bytes_per_device / 1e9,
+            device_mem / 1e9
+        );
+    };
+    let unfit: Vec<String> = plans
+        .iter()
+        .filter(|p| !p.fits)
+        .map(|p| p.strategy.to_string())
+        .collect();
+    let comm_share = (r.step_s - r.compute_s) / r.step_s;
+    format!(
+        "{}: the fastest that fits ({:.0} tokens/s, {:.1} GB per device, {:.0}% of the step \
+         waiting for the network){}",
+        r.strategy,
+        r.tokens_per_s,
+        r.bytes_per_device / 1e9,
+        100.0 * comm_share,
+        if unfit.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} {} not fit",
+                unfit.join(", "),
+                if unfit.len() == 1 { "does" } else { "do" }
+            )
+        }
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zero_paper() -> PlanInput {
+        PlanInput {
+            params: 7.5e9,
+            shape: None,
+            seq: 1024,
+            micro_batch: 1,
+            global_batch: 64,
+            nodes: 8,
+            gpus_per_node: 8,
+            device_mem: 32e9,
+            precision: Precision::Mixed,
+            wire: WireDtype::F16,
+            tflops: 100.0,
+            intra: Link::preset("nvlink4").unwrap(),
+            inter: Link::preset("ib-hdr").unwrap(),
+            recompute: false,
+            overlap: 0.0,
+        }
+    }
+
+    /// The ZeRO paper's Figure 1: Ψ = 7.5B, N = 64, K = 12: 120, 31.4, 16.6, 1.875 GB.
+    #[test]
+    fn reproduces_zero_figure_1_exactly() {
+        let p = zero_paper();
+        let gb = |st| {
+            let (a, b, c) = p.model_states(st);
+            (a + b + c) / 1e9
+        };
+        assert_eq!(gb(PlanStrategy::Ddp), 120.0);
+        assert_eq!(gb(PlanStrategy::Zero1), 31.40625);
+        assert_eq!(gb(PlanStrategy::Zero2), 16.640625);
+        assert_eq!(gb(PlanStrategy::Zero3), 1.875);
+        assert_eq!(format!("{:.1}", gb(PlanStrategy::Zero1)), "31.4");
+        assert_eq!(format!("{:.1}", gb(PlanStrategy::Zero2)), "16.6");
+    }
+
+    /// Communication volume per device: 2Ψ for DDP, ZeRO-1, ZeRO-2; 3Ψ for ZeRO-3 (the ZeRO
+    /// paper's section 7); and the bytes approach it as N grows.
+    #[test]
+    fn reproduces_the_communication_volumes() {
+        let p = zero_paper();
+        for (st, k) in [
+            (PlanStrategy::Ddp, 2.0),
+            (PlanStrategy::Zero1, 2.0),
+            (PlanStrategy::Zero2, 2.0),
+            (PlanStrategy::Zero3, 3.0),
+        ] {
+            let (v, intra, inter, _) = p.communication(st);
+            assert_eq!(v, k * 7.5e9);
+            // Every element crosses some link: intra (g−1)/g + inter (n−1)/(n·g) = (N−1)/N.
+            let moved = (intra + inter) / p.wire.bytes();
+            assert!(
+                (moved - k * 7.5e9 * 63.0 / 64.0).abs() < 1.0,
+                "{st}: {moved}"
+            );
+        }
+    }
+
+    #[test]
+    fn recommends_the_fastest_that_fits_and_says_why() {
+        let mut p = zero_paper();
+        let plans = p.plan();
+        let fit: Vec<_> = plans
+            .iter()
+            .filter(|x| x.fits)
+            .map(|x| x.strategy)
+            .collect();
+        // 32 GB devices: DDP's 120 GB does not fit; hybrid's 2Ψ + 14Ψ/8 = 28.1 GB does.
+        assert_eq!(
+            fit,
+            [
+                PlanStrategy::Zero1,
+                PlanStrategy::Zero2,
+                PlanStrategy::Zero3,
+                PlanStrategy::Hybrid
+            ]
+        );
+        let r = plans.iter().find(|x| x.recommended).unwrap();
+        assert!(r.fits);
+        assert!(reason(&plans, p.device_mem).contains("; ddp does not fit"));
+        // ZeRO-3 moves 1.5x the bytes, so on a slow network it is slower than ZeRO-2.
+        p.inter = Link::preset("eth-10g").unwrap();
+        let plans = p.plan();
+        let t = |s| plans.iter().find(|x| x.strategy == s).unwrap().step_s;
+        assert!(t(PlanStrategy::Zero3) > t(PlanStrategy::Zero2));
+        // Nothing fits on a tiny device.
+        p.device_mem = 1e9;
+        let plans = p.plan();
+        assert!(plans.iter().all(|x| !x.recommended));
+        assert!(reason(&plans, p.device_mem).starts_with("nothing fits"));
+    }
+
+    #[test]
+    fn shape_counts_parameters_and_activations() {
+        // GPT-2 small: 12 layers, 768 wide, 50257 vocabulary, 1024 positions: 124M.
+        let sh = Shape {
+            layers: 12,
+            hidden: 768,
+            heads: 12,
+            vocab: 50257,
+        };
+        let n = sh.params(1024);
+        assert!((n - 124.4e6).abs() < 0.5e6, "{n}");
+        let mut p = zero_paper();
+        p.shape = Some(sh);
+        p.seq = 1024;
+        let full = p.activation_bytes();
+        p.recompute = true;
+        let re = p.activation_bytes();
+        assert_eq!(re, 2.0 * 1024.0 * 768.0 * 12.0);
+        assert!(full > 10.0 * re);
+    }
+
+    #[test]
+    fn bad_input_is_refused() {
+        let mut p = zero_paper();
+        p.global_batch = 63;
+        assert!(p.validate().unwrap_err().contains("--global-batch"));
+        let mut p = zero_paper();
+        p.params = -1.0;
+        assert!(p.validate().unwrap_err().contains("--params"));
+        let mut p = zero_paper();
+        p.overlap = 2.0;
+        assert!(p.validate().is_err());
+        assert!(zero_paper().validate().is_ok());
+    }
+}
