@@ -35,7 +35,12 @@ pub struct FlightRecorder {
     t0: Instant,
     entries: VecDeque<Entry>,
     dumped: Option<PathBuf>,
+    /// When tracing: every finished collective, until taken (bounded).
+    history: Option<Vec<Entry>>,
 }
+
+/// Finished collectives kept for a trace between two `take_history` calls at most.
+pub const HISTORY_CAP: usize = 100_000;
 
 impl FlightRecorder {
     pub fn new(rank: usize) -> Self {
@@ -44,7 +49,26 @@ impl FlightRecorder {
             t0: Instant::now(),
             entries: VecDeque::with_capacity(CAPACITY),
             dumped: None,
+            history: None,
         }
+    }
+
+    /// The instant the recorder's millisecond times count from.
+    pub fn epoch(&self) -> Instant {
+        self.t0
+    }
+
+    /// Starts (or stops) keeping every finished collective for [`Self::take_history`].
+    pub fn keep_history(&mut self, on: bool) {
+        self.history = on.then(Vec::new);
+    }
+
+    /// The collectives finished since the last call (empty unless history is kept).
+    pub fn take_history(&mut self) -> Vec<Entry> {
+        self.history
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
     }
 
     fn now(&self) -> f64 {
@@ -84,6 +108,12 @@ impl FlightRecorder {
         if let Some(e) = self.entry(seq) {
             e.finished_ms = Some(t);
             e.state = error.unwrap_or_else(|| "ok".into());
+            let e = e.clone();
+            if let Some(h) = self.history.as_mut()
+                && h.len() < HISTORY_CAP
+            {
+                h.push(e);
+            }
         }
     }
 

@@ -213,6 +213,22 @@ impl ProcessGroup {
         lock(&self.flight).entries()
     }
 
+    /// The instant the flight recorder's times count from.
+    pub fn flight_epoch(&self) -> std::time::Instant {
+        lock(&self.flight).epoch()
+    }
+
+    /// Keeps every finished collective (not just the last 64) for [`Self::take_history`]:
+    /// the communication track of a trace.
+    pub fn keep_history(&mut self, on: bool) {
+        lock(&self.flight).keep_history(on);
+    }
+
+    /// The collectives finished since the last call, with their times.
+    pub fn take_history(&mut self) -> Vec<crate::flight::Entry> {
+        lock(&self.flight).take_history()
+    }
+
     fn submit<T: Send + 'static>(
         &mut self,
         kind: OpKind,

@@ -45,9 +45,11 @@ pub mod models;
 pub mod optim;
 pub mod plan;
 pub mod plot;
+pub mod report;
 pub mod rss;
 pub mod signal;
 pub mod strategy;
+pub mod trace;
 pub mod trainer;
 pub mod units;
 

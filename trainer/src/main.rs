@@ -1,4 +1,4 @@
-//! The `wiretrain` binary: `bench`, `train`, `launch`, `plan`, `export`, `devices`.
+//! The `wiretrain` binary: `bench`, `train`, `launch`, `plan`, `report`, `export`, `devices`.
 
 mod cli;
 
@@ -25,6 +25,9 @@ enum Cmd {
     Launch(cli::launch::LaunchArgs),
     /// Predict memory, communication and speed per strategy for a model on a cluster.
     Plan(Box<cli::plan::PlanArgs>),
+    /// Summarise a traced run (`train --trace DIR`): step split per rank, straggler,
+    /// bandwidth per collective, longest waits.
+    Report(cli::report::ReportArgs),
     /// Write one consolidated safetensors model from a sharded checkpoint.
     Export(cli::export::ExportArgs),
     /// List the devices (wgpu adapters, CPU backend) wiretrain can train on.
@@ -47,6 +50,7 @@ fn main() {
         Cmd::Launch(a) => cli::launch::run(a),
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Plan(a) => cli::plan::run(a),
+        Cmd::Report(a) => cli::report::run(a),
         Cmd::Devices => cli::devices::run(),
     };
     if let Err(e) = res {

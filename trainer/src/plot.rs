@@ -99,6 +99,79 @@ fn draw(
     Ok(())
 }
 
+/// A stacked bar per rank: mean milliseconds per step in each part of the step (compute,
+/// exposed communication, optimizer, data, other), into a PNG at `path`.
+pub fn plot_split(path: &Path, title: &str, ranks: &[(usize, [f64; 5])]) -> Result<(), PlotError> {
+    let err = |msg: String| PlotError {
+        path: path.display().to_string(),
+        msg,
+    };
+    if ranks.is_empty() || ranks.iter().any(|r| r.1.iter().any(|v| !v.is_finite())) {
+        return Err(err("no finite per-rank figures to draw".into()));
+    }
+    register_font().map_err(err)?;
+    draw_split(path, title, ranks).map_err(|e| err(e.to_string()))
+}
+
+const PARTS: [(&str, RGBColor); 5] = [
+    ("compute", RGBColor(46, 134, 193)),
+    ("communication (exposed)", RGBColor(231, 76, 60)),
+    ("optimizer", RGBColor(39, 174, 96)),
+    ("data", RGBColor(243, 156, 18)),
+    ("other", RGBColor(149, 165, 166)),
+];
+
+fn draw_split(
+    path: &Path,
+    title: &str,
+    ranks: &[(usize, [f64; 5])],
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let root = root.titled(title, ("sans-serif", 22))?;
+    let top = ranks
+        .iter()
+        .map(|r| r.1.iter().sum::<f64>())
+        .fold(0.0, f64::max)
+        .max(1e-6)
+        * 1.6;
+    let n = ranks.len() as f64;
+    let mut chart = ChartBuilder::on(&root)
+        .margin(12)
+        .x_label_area_size(36)
+        .y_label_area_size(70)
+        .build_cartesian_2d(-0.5..n - 0.5, 0.0..top)?;
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .x_labels(ranks.len().min(32))
+        .x_label_formatter(&|x| format!("rank {}", x.round() as i64))
+        .x_desc("rank")
+        .y_desc("ms per step")
+        .label_style(("sans-serif", 14))
+        .draw()?;
+    for (k, (name, color)) in PARTS.iter().enumerate() {
+        let bars = ranks.iter().enumerate().map(|(i, (_, v))| {
+            let lo: f64 = v[..k].iter().sum();
+            let x = i as f64;
+            Rectangle::new([(x - 0.35, lo), (x + 0.35, lo + v[k])], color.filled())
+        });
+        chart
+            .draw_series(bars)?
+            .label(*name)
+            .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperRight)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -10,6 +10,7 @@
 use crate::flat::FlatLayout;
 use crate::optim::{OptimConfig, ShardOptimizer};
 use crate::strategy::Strategy;
+use crate::trace::span;
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
@@ -307,6 +308,7 @@ impl<M: Module> Trainer<M> {
         let mut local_loss = 0.0f32;
         let mut acc = GradientsAccumulator::<M>::new();
         let mut single = None;
+        let fb = span("forward+backward", "compute").args(serde_json::json!({ "micro": micro }));
         for i in 0..micro {
             let loss = loss_fn(&model, i);
             local_loss += loss.clone().into_scalar::<f32>();
@@ -317,6 +319,7 @@ impl<M: Module> Trainer<M> {
                 acc.accumulate(&model, g);
             }
         }
+        drop(fb);
         let local_loss = local_loss / micro as f32;
         let mut grads = single.unwrap_or_else(|| acc.grads());
         let grad_scale = 1.0 / micro as f32;
@@ -329,20 +332,25 @@ impl<M: Module> Trainer<M> {
                 // Every bucket's all-reduce is in flight while the next bucket is flattened.
                 let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
                 let tf = Instant::now();
+                let sp = span("flatten+issue", "compute");
                 for b in &self.buckets {
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
                     scale(&mut flat, grad_scale);
                     works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
                 }
+                drop(sp);
                 compute += tf.elapsed();
                 let mut full = vec![0.0f32; total];
                 let tw = Instant::now();
                 for (b, w) in works {
+                    let id = w.id();
+                    let _s = span(format!("wait {id}"), "comm");
                     full[b].copy_from_slice(&w.wait()?);
                 }
                 comm += tw.elapsed();
                 t_opt = Instant::now();
+                let _s = span("optimizer", "optim");
                 self.opt.step(self.cfg.lr, &mut self.params, &full);
             }
             Strategy::Zero3 | Strategy::Hsdp => unreachable!("refused above"),
@@ -356,18 +364,24 @@ impl<M: Module> Trainer<M> {
                 let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
                 for b in &self.buckets {
                     let tf = Instant::now();
+                    let sp = span("flatten bucket", "compute");
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
                     scale(&mut flat, grad_scale);
+                    drop(sp);
                     compute += tf.elapsed();
                     let n = zero3::unit_share(&self.pg, node, b.len());
+                    let sp = span("issue reduce", "comm");
                     let w = zero3::issue_reduce(&mut self.pg, node, flat);
+                    drop(sp);
                     if self.cfg.strategy == Strategy::Zero1 {
                         pending.push((at, w));
                     } else {
                         // ZeRO-2: the full bucket is reduced and dropped before the next exists.
                         let tw = Instant::now();
+                        let sp = span(format!("wait {}", w.id()), "comm");
                         let buf = w.wait()?;
+                        drop(sp);
                         comm += tw.elapsed();
                         zero3::take_share(&self.pg, node, &buf, &mut gshard[at..at + n]);
                     }
@@ -375,20 +389,24 @@ impl<M: Module> Trainer<M> {
                 }
                 let tw = Instant::now();
                 for (off, w) in pending {
+                    let _s = span(format!("wait {}", w.id()), "comm");
                     let buf = w.wait()?;
                     let n = zero3::unit_share(&self.pg, node, buf.len());
                     zero3::take_share(&self.pg, node, &buf, &mut gshard[off..off + n]);
                 }
                 comm += tw.elapsed();
                 t_opt = Instant::now();
+                let sp = span("optimizer", "optim");
                 let mut pshard: Vec<f32> = Vec::with_capacity(owned_len);
                 for r in &self.owned {
                     pshard.extend_from_slice(&self.params[r.clone()]);
                 }
                 self.opt.step(self.cfg.lr, &mut pshard, &gshard);
+                drop(sp);
                 let opt_time = t_opt.elapsed();
                 // Gather the updated shares, bucket by bucket, all in flight at once.
                 let tw = Instant::now();
+                let sp = span("issue gathers", "comm");
                 let mut works = Vec::with_capacity(self.buckets.len());
                 let mut at = 0;
                 for b in &self.buckets {
@@ -397,7 +415,9 @@ impl<M: Module> Trainer<M> {
                     at += n;
                     works.push((b.clone(), w));
                 }
+                drop(sp);
                 for (b, w) in works {
+                    let _s = span(format!("wait {}", w.id()), "comm");
                     let full = w.wait()?;
                     self.params[b].copy_from_slice(&full);
                 }
@@ -419,7 +439,9 @@ impl<M: Module> Trainer<M> {
         opt_time: Duration,
     ) -> Result<StepReport, TrainError> {
         let tu = Instant::now();
+        let sp = span("unflatten", "compute");
         let model = self.layout.unflatten(model, &self.params);
+        drop(sp);
         let compute = compute + tu.elapsed();
         self.finish_sharded(model, t0, local_loss, compute, comm, opt_time)
     }
@@ -436,6 +458,7 @@ impl<M: Module> Trainer<M> {
     ) -> Result<StepReport, TrainError> {
         self.model = Some(model);
         let tl = Instant::now();
+        let sp = span("loss all_reduce", "comm");
         let stop = self
             .stop
             .as_ref()
@@ -445,6 +468,7 @@ impl<M: Module> Trainer<M> {
             .pg
             .all_reduce(vec![local_loss, f32::from(u8::from(stop))], ReduceOp::Sum)
             .wait()?;
+        drop(sp);
         let (loss, stop) = (agreed[0] / world, agreed[1] > 0.0);
         comm += tl.elapsed();
         Ok(StepReport {

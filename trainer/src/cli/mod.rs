@@ -6,6 +6,7 @@ pub mod export;
 pub mod launch;
 pub mod node;
 pub mod plan;
+pub mod report;
 pub mod train;
 
 /// A run stopped cleanly by a signal (exit code 130).

@@ -88,6 +88,10 @@ pub struct TrainArgs {
     /// strategy (the flat buffers are resharded); starts at step 0 when there is none.
     #[arg(long)]
     pub resume: bool,
+    /// Write a timeline trace per rank (Chrome trace JSON: Perfetto, chrome://tracing) into
+    /// this directory; `wiretrain report DIR` summarises it.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
     /// TOML file with any of the fields above (flags override it).
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -288,6 +292,7 @@ struct Shared {
     data: Data,
     metrics: Option<PathBuf>,
     save: Option<PathBuf>,
+    trace: Option<PathBuf>,
     progress: bool,
     stop: Arc<AtomicBool>,
 }
@@ -318,6 +323,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         data,
         metrics: args.metrics.clone(),
         save: args.save_params.clone(),
+        trace: args.trace.clone(),
         progress: !args.no_progress,
         stop,
     };
@@ -516,12 +522,30 @@ fn train_loop<M: Module>(
     }
     bar.set_position(start as u64);
     let node = trainer.process_group().node();
+    let rank = trainer.process_group().rank();
+    if sh.trace.is_some() {
+        let off = wiretrain::trace::estimate_offset(trainer.process_group())?;
+        wiretrain::trace::enable(rank, node, off);
+        trainer.process_group().keep_history(true);
+    }
+    let slow_rank = slow_rank_hook(rank);
     for step in start..run.steps {
         if let Some(ms) = slow_step_hook(node, step) {
             std::thread::sleep(Duration::from_millis(ms));
         }
+        let st = wiretrain::trace::span(format!("step {step}"), "step");
+        let sp = wiretrain::trace::span("data", "data");
         let idx = sampler.indices(step);
+        drop(sp);
+        if let Some(ms) = slow_rank {
+            let _s = wiretrain::trace::span("slowed compute (test hook)", "compute");
+            std::thread::sleep(Duration::from_millis(ms));
+        }
         let rep = step_fn(&mut trainer, &idx)?;
+        drop(st);
+        if sh.trace.is_some() {
+            wiretrain::trace::add_comm_track(trainer.process_group());
+        }
         let samples_per_s = run.global_batch as f64 / (rep.step_ms / 1e3);
         comm_total += rep.comm_ms;
         points.push(PlotPoint {
@@ -584,6 +608,19 @@ fn train_loop<M: Module>(
     }
     bar.finish_and_clear();
     let steps_done = points.len();
+    if let Some(dir) = &sh.trace {
+        let world = trainer.process_group().world();
+        if let Some(p) = wiretrain::trace::finish(dir, world)
+            .with_context(|| format!("--trace {}", dir.display()))?
+            && leader
+        {
+            eprintln!(
+                "wiretrain: traces written to {} ({} and one per rank)",
+                dir.display(),
+                p.display()
+            );
+        }
+    }
     let elapsed = t_start.elapsed().max(Duration::from_micros(1));
     let samples_per_s = (steps_done * run.global_batch) as f64 / elapsed.as_secs_f64();
     let mem = trainer.memory();
@@ -656,6 +693,14 @@ fn slow_step_hook(node: usize, step: usize) -> Option<u64> {
     let mut it = v.split(':').map(|x| x.parse::<u64>().ok());
     let (n, s, ms) = (it.next()??, it.next()??, it.next()??);
     (n == node as u64 && s == step as u64).then_some(ms)
+}
+
+/// `WIRETRAIN_TEST_SLOW_RANK=rank:ms` makes rank `rank` spend `ms` more in every step: the
+/// straggler of the trace report's test. Unset in normal runs.
+fn slow_rank_hook(rank: usize) -> Option<u64> {
+    let v = std::env::var("WIRETRAIN_TEST_SLOW_RANK").ok()?;
+    let (r, ms) = v.split_once(':')?;
+    (r.parse::<usize>().ok()? == rank).then(|| ms.parse().ok())?
 }
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps] bytes, in rank

@@ -121,8 +121,9 @@ pub(super) fn free_all<M: Module>(mut model: M, layout: &FlatLayout, units: &[Ra
     model
 }
 
-/// Waits for `w`, adding the wait to `comm`.
+/// Waits for `w`, adding the wait to `comm` (and a span to the trace).
 fn timed<T>(w: Work<T>, comm: &mut Duration) -> Result<T, TrainError> {
+    let _s = crate::trace::span(format!("wait {}", w.id()), "comm");
     let t = Instant::now();
     let v = w.wait()?;
     *comm += t.elapsed();
@@ -246,15 +247,18 @@ impl<M: Units> Trainer<M> {
         let mut grads_last = None;
         #[allow(clippy::needless_range_loop)] // u also orders the gathers
         for u in 0..n {
+            let sp = crate::trace::span("issue gathers", "comm");
             while next < n && next <= u + ahead {
                 let share = &self.params[shard_of[next].clone()];
                 let w = issue_gather(&mut self.pg, hsdp, share, units[next].len());
                 gathers.push_back((next, w));
                 next += 1;
             }
+            drop(sp);
             let (gu, w) = gathers.pop_front().expect("unit gather issued");
             debug_assert_eq!(gu, u);
             let full = timed(w, &mut gather_wait)?;
+            let _s = crate::trace::span(format!("forward unit {u}"), "compute");
             model = set_unit(model, &self.layout, &units[u], Some(&full));
             drop(full);
             let xin = x.take().expect("an input for every unit");
@@ -281,12 +285,16 @@ impl<M: Units> Trainer<M> {
         let mut g: Option<Act> = None;
         for u in (0..n).rev() {
             // Gathers for units u-1 .. u-ahead are in flight while unit u computes.
+            let sp = crate::trace::span("issue gathers", "comm");
             while next_back > 0 && next_back + ahead > u {
                 next_back -= 1;
                 let share = &self.params[shard_of[next_back].clone()];
                 let w = issue_gather(&mut self.pg, hsdp, share, units[next_back].len());
                 back.push_back((next_back, w));
             }
+            drop(sp);
+            let sp =
+                (u + 1 == n).then(|| crate::trace::span(format!("backward unit {u}"), "compute"));
             let grads = if u + 1 == n {
                 let grads = grads_last.take().expect("the loss ran");
                 g = last_leaf.as_ref().and_then(|l| l.grad(&grads));
@@ -295,6 +303,7 @@ impl<M: Units> Trainer<M> {
                 let (gu, w) = back.pop_front().expect("unit gather issued");
                 debug_assert_eq!(gu, u);
                 let full = timed(w, &mut gather_wait)?;
+                let _s = crate::trace::span(format!("backward unit {u}"), "compute");
                 model = set_unit(model, &self.layout, &units[u], Some(&full));
                 drop(full);
                 let leaf = saved[u].fresh_leaf();
@@ -311,18 +320,22 @@ impl<M: Units> Trainer<M> {
                 g = if u > 0 { leaf.grad(&grads) } else { None };
                 grads
             };
+            drop(sp);
             saved.truncate(u);
+            let sf = crate::trace::span(format!("flatten unit {u}"), "compute");
             let mut gp = GradientsParams::from_grads(grads, &model);
             let mut flat = Vec::new();
             self.layout
                 .flatten_grads(&mut gp, units[u].clone(), &mut flat);
             drop(gp);
             model = set_unit(model, &self.layout, &units[u], None);
+            drop(sf);
             // One unit's reduce-scatter in flight while the next unit computes.
             if let Some((pu, w)) = pending.take() {
                 let buf = timed(w, &mut comm)?;
                 take_share(&self.pg, hsdp, &buf, &mut gshard[shard_of[pu].clone()]);
             }
+            let _s = crate::trace::span("issue reduce", "comm");
             pending = Some((u, issue_reduce(&mut self.pg, hsdp, flat)));
         }
         if let Some((pu, w)) = pending.take() {
@@ -333,7 +346,9 @@ impl<M: Units> Trainer<M> {
         self.gather_wait = gather_wait;
         let compute = t0.elapsed().saturating_sub(comm);
         let t_opt = Instant::now();
+        let sp = crate::trace::span("optimizer", "optim");
         self.opt.step(self.cfg.lr, &mut self.params, &gshard);
+        drop(sp);
         let opt_time = t_opt.elapsed();
         self.finish_sharded(
             model,

@@ -1,0 +1,105 @@
+//! `wiretrain report DIR`: the summary of a traced run (`train --trace DIR`) and a PNG of the
+//! step split per rank (`DIR/report-split.png`); `--json` prints the analysis as one object.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use wiretrain::report::{analyse, load};
+
+#[derive(Debug, Clone, Args)]
+pub struct ReportArgs {
+    /// The directory `train --trace` wrote.
+    pub dir: PathBuf,
+    /// Print the analysis as one JSON object instead of the summary.
+    #[arg(long)]
+    pub json: bool,
+    /// No PNG.
+    #[arg(long)]
+    pub no_plot: bool,
+}
+
+pub fn run(args: &ReportArgs) -> Result<()> {
+    let traces = load(&args.dir)?;
+    let r = analyse(&traces);
+    if !args.no_plot {
+        let png = args.dir.join("report-split.png");
+        let bars: Vec<(usize, [f64; 5])> = r
+            .splits
+            .iter()
+            .map(|s| {
+                (
+                    s.rank,
+                    [s.compute_ms, s.comm_ms, s.optim_ms, s.data_ms, s.other_ms],
+                )
+            })
+            .collect();
+        wiretrain::plot::plot_split(&png, "step time per rank", &bars)
+            .with_context(|| format!("writing {}", png.display()))?;
+        if !args.json {
+            println!("plot: {}", png.display());
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(());
+    }
+    println!(
+        "# {} ranks; node clocks aligned within ±{:.0} µs",
+        r.world, r.clock_accuracy_us
+    );
+    println!(
+        "{:>5} {:>5} {:>6} {:>10} {:>11} {:>11} {:>10} {:>9} {:>9}",
+        "rank",
+        "node",
+        "steps",
+        "step ms",
+        "compute ms",
+        "exposed ms",
+        "optim ms",
+        "data ms",
+        "other ms"
+    );
+    for s in &r.splits {
+        println!(
+            "{:>5} {:>5} {:>6} {:>10.2} {:>11.2} {:>11.2} {:>10.2} {:>9.2} {:>9.2}",
+            s.rank,
+            s.node,
+            s.steps,
+            s.step_ms,
+            s.compute_ms,
+            s.comm_ms,
+            s.optim_ms,
+            s.data_ms,
+            s.other_ms
+        );
+    }
+    println!(
+        "slowest rank: {} (busy {:.2} ms per step more than the median rank, {:.2}x)",
+        r.slowest_rank, r.slowest_extra_ms, r.slowest_ratio
+    );
+    println!("collectives (medians; time from start to completion on the communication thread):");
+    println!(
+        "{:>16} {:>7} {:>12} {:>10} {:>11} {:>11}",
+        "op", "calls", "bytes", "ms", "algbw GB/s", "busbw GB/s"
+    );
+    for b in &r.bandwidth {
+        println!(
+            "{:>16} {:>7} {:>12.0} {:>10.3} {:>11.3} {:>11.3}",
+            b.op, b.calls, b.bytes, b.median_ms, b.algbw_gbs, b.busbw_gbs
+        );
+    }
+    println!("longest waits:");
+    for w in &r.waits {
+        match w.waited_for {
+            Some(o) if o != w.rank => println!(
+                "  rank {} {} {:.2} ms: waited for rank {} (submitted {:.2} ms later)",
+                w.rank, w.what, w.ms, o, w.late_by_ms
+            ),
+            _ => println!(
+                "  rank {} {} {:.2} ms: every rank had submitted (transfer time)",
+                w.rank, w.what, w.ms
+            ),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,388 @@
+//! `wiretrain report`: reads the per-rank traces of a run (`train --trace DIR`) and answers
+//! "why is my step slow?": the step split per rank (compute, exposed communication, optimizer,
+//! data), the slowest rank and by how much, achieved bandwidth per collective, and the longest
+//! waits with the rank that was waited for (the last to submit that collective).
+
+use crate::trace::Event;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Trace files larger than this are refused unread.
+pub const MAX_TRACE_BYTES: u64 = 2 << 30;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("trace directory {0}: {1}")]
+    Dir(PathBuf, std::io::Error),
+    #[error("no trace files (trace-rank*.json) in {0}; run `train --trace DIR` first")]
+    Empty(PathBuf),
+    #[error("trace file {path}: {reason}")]
+    Bad { path: PathBuf, reason: String },
+}
+
+/// One rank's trace.
+#[derive(Debug, Clone)]
+pub struct RankTrace {
+    pub rank: usize,
+    pub node: usize,
+    pub world: usize,
+    pub clock_accuracy_us: f64,
+    pub events: Vec<Event>,
+}
+
+/// Reads every `trace-rank*.json` under `dir`, checking each one.
+pub fn load(dir: &Path) -> Result<Vec<RankTrace>, ReportError> {
+    let rd = std::fs::read_dir(dir).map_err(|e| ReportError::Dir(dir.to_path_buf(), e))?;
+    let mut out = Vec::new();
+    for ent in rd {
+        let ent = ent.map_err(|e| ReportError::Dir(dir.to_path_buf(), e))?;
+        let name = ent.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("trace-rank") && name.ends_with(".json")) {
+            continue;
+        }
+        out.push(load_file(&ent.path())?);
+    }
+    if out.is_empty() {
+        return Err(ReportError::Empty(dir.to_path_buf()));
+    }
+    out.sort_by_key(|t| t.rank);
+    let world = out[0].world;
+    let ranks: Vec<usize> = out.iter().map(|t| t.rank).collect();
+    if ranks != (0..world).collect::<Vec<_>>() {
+        return Err(ReportError::Bad {
+            path: dir.to_path_buf(),
+            reason: format!("traces of ranks {ranks:?} found, a world of {world} expected"),
+        });
+    }
+    Ok(out)
+}
+
+fn load_file(path: &Path) -> Result<RankTrace, ReportError> {
+    let bad = |reason: String| ReportError::Bad {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let len = std::fs::metadata(path)
+        .map_err(|e| bad(e.to_string()))?
+        .len();
+    if len > MAX_TRACE_BYTES {
+        return Err(bad(format!("{len} bytes is more than a trace may have")));
+    }
+    let text = std::fs::read(path).map_err(|e| bad(e.to_string()))?;
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(rename = "traceEvents")]
+        trace_events: Vec<Event>,
+        #[serde(rename = "otherData")]
+        other: Other,
+    }
+    #[derive(serde::Deserialize)]
+    struct Other {
+        rank: usize,
+        node: usize,
+        world: usize,
+        clock_accuracy_us: f64,
+    }
+    let f: File = serde_json::from_slice(&text).map_err(|e| {
+        bad(format!(
+            "not a wiretrain trace (truncated or corrupted?): {e}"
+        ))
+    })?;
+    if f.other.rank >= f.other.world {
+        return Err(bad(format!(
+            "rank {} is not below world {}",
+            f.other.rank, f.other.world
+        )));
+    }
+    if let Some(e) = f
+        .trace_events
+        .iter()
+        .find(|e| e.ph == "X" && !(e.ts.is_finite() && e.dur.is_some_and(|d| d >= 0.0)))
+    {
+        return Err(bad(format!("event {:?} has no valid time span", e.name)));
+    }
+    Ok(RankTrace {
+        rank: f.other.rank,
+        node: f.other.node,
+        world: f.other.world,
+        clock_accuracy_us: f.other.clock_accuracy_us,
+        events: f.trace_events,
+    })
+}
+
+/// Mean milliseconds per step of one rank.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Split {
+    pub rank: usize,
+    pub node: usize,
+    pub steps: usize,
+    pub step_ms: f64,
+    pub compute_ms: f64,
+    pub comm_ms: f64,
+    pub optim_ms: f64,
+    pub data_ms: f64,
+    /// Step time outside any span.
+    pub other_ms: f64,
+}
+
+impl Split {
+    /// Time the rank was busy (not waiting for others).
+    pub fn busy_ms(&self) -> f64 {
+        self.compute_ms + self.optim_ms + self.data_ms
+    }
+}
+
+/// Achieved bandwidth of one collective kind (medians over its calls).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Bandwidth {
+    pub op: String,
+    pub calls: usize,
+    pub bytes: f64,
+    pub median_ms: f64,
+    pub algbw_gbs: f64,
+    pub busbw_gbs: f64,
+}
+
+/// One long wait.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Wait {
+    pub rank: usize,
+    pub what: String,
+    pub ms: f64,
+    /// The rank that submitted this collective last, and how much later than this rank.
+    pub waited_for: Option<usize>,
+    pub late_by_ms: f64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct Report {
+    pub world: usize,
+    pub splits: Vec<Split>,
+    /// The rank busy the longest per step, and its busy time over the median rank's.
+    pub slowest_rank: usize,
+    pub slowest_ratio: f64,
+    pub slowest_extra_ms: f64,
+    pub bandwidth: Vec<Bandwidth>,
+    pub waits: Vec<Wait>,
+    /// Worst clock-offset uncertainty between nodes (µs).
+    pub clock_accuracy_us: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// nccl-tests' bus-bandwidth factor.
+fn bus_factor(op: &str, n: f64) -> f64 {
+    match op {
+        "all_reduce" => 2.0 * (n - 1.0) / n,
+        "reduce_scatter" | "all_gather" => (n - 1.0) / n,
+        _ => 1.0,
+    }
+}
+
+/// Analyses the traces of one run.
+pub fn analyse(traces: &[RankTrace]) -> Report {
+    let world = traces.len();
+    let mut splits = Vec::with_capacity(world);
+    // (seq) -> per rank submission ts, op name
+    let mut submitted: BTreeMap<u64, Vec<(usize, f64)>> = BTreeMap::new();
+    let mut by_op: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut waits = Vec::new();
+    for t in traces {
+        let spans: Vec<&Event> = t.events.iter().filter(|e| e.ph == "X").collect();
+        let steps: Vec<&&Event> = spans.iter().filter(|e| e.cat == "step").collect();
+        let mut sum = BTreeMap::<&str, f64>::new();
+        for e in spans.iter().filter(|e| e.tid == t.rank && e.cat != "step") {
+            *sum.entry(e.cat.as_str()).or_default() += e.dur.unwrap_or(0.0);
+            if e.cat == "comm" {
+                waits.push((t.rank, e.name.clone(), e.dur.unwrap_or(0.0) / 1e3));
+            }
+        }
+        let n = steps.len().max(1) as f64;
+        let step_total: f64 = steps.iter().map(|e| e.dur.unwrap_or(0.0)).sum();
+        let get = |k: &str| sum.get(k).copied().unwrap_or(0.0) / n / 1e3;
+        let (compute, comm, optim, data) = (get("compute"), get("comm"), get("optim"), get("data"));
+        let step_ms = step_total / n / 1e3;
+        splits.push(Split {
+            rank: t.rank,
+            node: t.node,
+            steps: steps.len(),
+            step_ms,
+            compute_ms: compute,
+            comm_ms: comm,
+            optim_ms: optim,
+            data_ms: data,
+            other_ms: (step_ms - compute - comm - optim - data).max(0.0),
+        });
+        for e in spans.iter().filter(|e| e.cat == "collective") {
+            let seq = e.args.get("seq").and_then(|v| v.as_u64()).unwrap_or(0);
+            submitted.entry(seq).or_default().push((t.rank, e.ts));
+            let op = e.args.get("op").and_then(|v| v.as_str()).unwrap_or("?");
+            let bytes = e.args.get("bytes").and_then(|v| v.as_f64()).unwrap_or(0.0);
+            let start = e
+                .args
+                .get("started_us")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(e.ts);
+            let dur = (e.ts + e.dur.unwrap_or(0.0) - start).max(1e-3);
+            if op != "barrier" && bytes > 0.0 {
+                by_op.entry(op.to_string()).or_default().push((bytes, dur));
+            }
+        }
+    }
+    let busy: Vec<f64> = splits.iter().map(Split::busy_ms).collect();
+    let (slowest_rank, slowest_busy) = busy
+        .iter()
+        .copied()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(&b.1))
+        .unwrap_or((0, 0.0));
+    let med = median(busy.clone());
+    let bandwidth = by_op
+        .into_iter()
+        .map(|(op, v)| {
+            let bytes = median(v.iter().map(|x| x.0).collect());
+            let ms = median(v.iter().map(|x| x.1 / 1e3).collect());
+            let algbw = bytes / (ms / 1e3) / 1e9;
+            Bandwidth {
+                busbw_gbs: algbw * bus_factor(&op, world as f64),
+                op,
+                calls: v.len(),
+                bytes,
+                median_ms: ms,
+                algbw_gbs: algbw,
+            }
+        })
+        .collect();
+    waits.sort_by(|a, b| b.2.total_cmp(&a.2));
+    let waits = waits
+        .into_iter()
+        .take(5)
+        .map(|(rank, what, ms)| {
+            // "wait all_gather#18" -> seq 18.
+            let seq = what.rsplit('#').next().and_then(|s| s.parse::<u64>().ok());
+            let (waited_for, late_by_ms) = seq
+                .and_then(|s| submitted.get(&s))
+                .map(|subs| {
+                    let mine = subs.iter().find(|x| x.0 == rank).map_or(0.0, |x| x.1);
+                    let last = subs
+                        .iter()
+                        .max_by(|a, b| a.1.total_cmp(&b.1))
+                        .copied()
+                        .unwrap_or((rank, mine));
+                    (Some(last.0), (last.1 - mine) / 1e3)
+                })
+                .unwrap_or((None, 0.0));
+            Wait {
+                rank,
+                what,
+                ms,
+                waited_for,
+                late_by_ms,
+            }
+        })
+        .collect();
+    Report {
+        world,
+        splits,
+        slowest_rank,
+        slowest_ratio: if med > 0.0 { slowest_busy / med } else { 1.0 },
+        slowest_extra_ms: slowest_busy - med,
+        bandwidth,
+        waits,
+        clock_accuracy_us: traces
+            .iter()
+            .map(|t| t.clock_accuracy_us)
+            .fold(0.0, f64::max),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn x(name: &str, cat: &str, ts: f64, dur: f64, tid: usize, args: serde_json::Value) -> Event {
+        Event {
+            name: name.into(),
+            cat: cat.into(),
+            ph: "X".into(),
+            ts,
+            dur: Some(dur),
+            pid: 0,
+            tid,
+            args,
+        }
+    }
+
+    /// Two ranks; rank 1 computes 3x longer, so rank 0 waits for it in the all-reduce.
+    #[test]
+    fn names_the_straggler_and_who_was_waited_for() {
+        let mk = |rank: usize, compute: f64| {
+            let mut ev = vec![];
+            for s in 0..3 {
+                let t = s as f64 * 10_000.0;
+                ev.push(x("step", "step", t, 9_000.0, rank, serde_json::Value::Null));
+                ev.push(x(
+                    "fb",
+                    "compute",
+                    t,
+                    compute,
+                    rank,
+                    serde_json::Value::Null,
+                ));
+                let seq = s as u64 + 1;
+                ev.push(x(
+                    &format!("wait all_reduce#{seq}"),
+                    "comm",
+                    t + compute,
+                    9_000.0 - compute,
+                    rank,
+                    serde_json::Value::Null,
+                ));
+                ev.push(x(
+                    &format!("all_reduce#{seq}"),
+                    "collective",
+                    t + compute,
+                    9_000.0 - compute,
+                    1000 + rank,
+                    serde_json::json!({"op": "all_reduce", "seq": seq, "bytes": 4e6}),
+                ));
+            }
+            RankTrace {
+                rank,
+                node: rank,
+                world: 2,
+                clock_accuracy_us: 50.0,
+                events: ev,
+            }
+        };
+        let r = analyse(&[mk(0, 2_000.0), mk(1, 6_000.0)]);
+        assert_eq!(r.slowest_rank, 1);
+        assert!((r.splits[0].comm_ms - 7.0).abs() < 1e-9);
+        assert_eq!(r.waits[0].rank, 0);
+        assert_eq!(r.waits[0].waited_for, Some(1));
+        assert!((r.waits[0].late_by_ms - 4.0).abs() < 1e-9);
+        assert_eq!(r.bandwidth[0].op, "all_reduce");
+        assert_eq!(r.clock_accuracy_us, 50.0);
+    }
+
+    #[test]
+    fn missing_and_truncated_traces_are_named() {
+        let d = std::env::temp_dir().join(format!("wt-report-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        assert!(matches!(load(&d), Err(ReportError::Empty(_))));
+        std::fs::write(d.join("trace-rank0.json"), b"{\"traceEvents\": [{\"name\":").unwrap();
+        let e = load(&d).unwrap_err().to_string();
+        assert!(
+            e.contains("trace-rank0.json") && e.contains("truncated"),
+            "{e}"
+        );
+        let e = load(&d.join("nope")).unwrap_err().to_string();
+        assert!(e.contains("nope"), "{e}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
