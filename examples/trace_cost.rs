@@ -39,6 +39,9 @@ fn main() {
             })
             .collect(),
     );
-    println!("span cost: {on:.0} ns traced, {off:.1} ns untraced (median of 7 x {} spans)", 2 * n);
+    println!(
+        "span cost: {on:.0} ns traced, {off:.1} ns untraced (median of 7 x {} spans)",
+        2 * n
+    );
     let _ = std::fs::remove_dir_all(std::env::temp_dir().join("wiretrain-trace-cost"));
 }

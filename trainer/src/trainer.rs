@@ -308,10 +308,13 @@ impl<M: Module> Trainer<M> {
         let mut local_loss = 0.0f32;
         let mut acc = GradientsAccumulator::<M>::new();
         let mut single = None;
-        let fb = span("forward+backward", "compute").args(serde_json::json!({ "micro": micro }));
         for i in 0..micro {
+            // Reading the loss back makes the (lazy) forward pass run inside its span.
+            let sp = span("forward", "compute").args(serde_json::json!({ "micro": i }));
             let loss = loss_fn(&model, i);
             local_loss += loss.clone().into_scalar::<f32>();
+            drop(sp);
+            let _s = span("backward", "compute").args(serde_json::json!({ "micro": i }));
             let g = GradientsParams::from_grads(loss.backward(), &model);
             if micro == 1 {
                 single = Some(g);
@@ -319,7 +322,6 @@ impl<M: Module> Trainer<M> {
                 acc.accumulate(&model, g);
             }
         }
-        drop(fb);
         let local_loss = local_loss / micro as f32;
         let mut grads = single.unwrap_or_else(|| acc.grads());
         let grad_scale = 1.0 / micro as f32;
