@@ -158,8 +158,10 @@ fn report_names_the_straggler_and_who_was_waited_for() {
     assert_eq!(w["waited_for"], 2, "{r}");
     assert_ne!(w["rank"], 2);
     assert_eq!(r["splits"].as_array().unwrap().len(), 4);
-    let png = std::fs::read(t.join("report-split.png")).unwrap();
-    assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    for f in ["report-split.png", "report-busbw.png"] {
+        let png = std::fs::read(t.join(f)).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{f}");
+    }
     // The human summary says the same.
     let out = common::run(
         &["report", t.to_str().unwrap(), "--no-plot"],

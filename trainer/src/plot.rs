@@ -172,6 +172,65 @@ fn draw_split(
     Ok(())
 }
 
+/// Bus bandwidth (GB/s) over time (s), one line per collective kind, into a PNG at `path`.
+pub fn plot_busbw(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<(), PlotError> {
+    let err = |msg: String| PlotError {
+        path: path.display().to_string(),
+        msg,
+    };
+    let pts: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.1.iter().copied())
+        .filter(|p| p.0.is_finite() && p.1.is_finite())
+        .collect();
+    if pts.is_empty() {
+        return Err(err("no collectives to draw".into()));
+    }
+    register_font().map_err(err)?;
+    (|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let root = BitMapBackend::new(path, (1000, 500)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let root = root.titled(title, ("sans-serif", 22))?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                range(pts.iter().map(|p| p.0)),
+                range(pts.iter().map(|p| p.1)),
+            )?;
+        chart
+            .configure_mesh()
+            .x_desc("time (s)")
+            .y_desc("busbw (GB/s)")
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        for (i, (name, v)) in series.iter().enumerate() {
+            let color = PARTS[i % PARTS.len()].1;
+            chart
+                .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperRight)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })()
+    .map_err(|e| err(e.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

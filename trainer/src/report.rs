@@ -183,6 +183,33 @@ fn bus_factor(op: &str, n: f64) -> f64 {
     }
 }
 
+/// Bus bandwidth over time of each collective kind, from rank 0's communication track:
+/// (op, [(seconds since the trace base, GB/s)]).
+pub fn busbw_series(traces: &[RankTrace]) -> Vec<(String, Vec<(f64, f64)>)> {
+    let world = traces.len() as f64;
+    let mut by: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    for e in traces.first().map_or(&[][..], |t| &t.events[..]) {
+        if e.cat != "collective" {
+            continue;
+        }
+        let op = e.args.get("op").and_then(|v| v.as_str()).unwrap_or("?");
+        let bytes = e.args.get("bytes").and_then(|v| v.as_f64()).unwrap_or(0.0);
+        if op == "barrier" || bytes <= 0.0 {
+            continue;
+        }
+        let start = e
+            .args
+            .get("started_us")
+            .and_then(|v| v.as_f64())
+            .unwrap_or(e.ts);
+        let dur_s = ((e.ts + e.dur.unwrap_or(0.0) - start) / 1e6).max(1e-9);
+        by.entry(op.to_string())
+            .or_default()
+            .push((start / 1e6, bytes / dur_s / 1e9 * bus_factor(op, world)));
+    }
+    by.into_iter().collect()
+}
+
 /// Analyses the traces of one run.
 pub fn analyse(traces: &[RankTrace]) -> Report {
     let world = traces.len();

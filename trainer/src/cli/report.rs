@@ -1,5 +1,5 @@
 //! `wiretrain report DIR`: the summary of a traced run (`train --trace DIR`) and a PNG of the
-//! step split per rank (`DIR/report-split.png`); `--json` prints the analysis as one object.
+//! step split per rank (`DIR/report-split.png`) and of busbw over time (`DIR/report-busbw.png`); `--json` prints the analysis as one object.
 
 use anyhow::{Context, Result};
 use clap::Args;
@@ -35,8 +35,14 @@ pub fn run(args: &ReportArgs) -> Result<()> {
             .collect();
         wiretrain::plot::plot_split(&png, "step time per rank", &bars)
             .with_context(|| format!("writing {}", png.display()))?;
+        let bw = args.dir.join("report-busbw.png");
+        let series = wiretrain::report::busbw_series(&traces);
+        if series.iter().any(|s| !s.1.is_empty()) {
+            wiretrain::plot::plot_busbw(&bw, "bus bandwidth per collective (rank 0)", &series)
+                .with_context(|| format!("writing {}", bw.display()))?;
+        }
         if !args.json {
-            println!("plot: {}", png.display());
+            println!("plots: {} {}", png.display(), bw.display());
         }
     }
     if args.json {
