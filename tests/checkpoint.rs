@@ -211,6 +211,55 @@ fn resume_reshards_across_world_sizes_and_strategies() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// Hybrid and HSDP write only node 0's ranks (the other nodes hold replicas): a chain
+/// 2x2 hybrid -> 2x2 HSDP -> 1x3 ZeRO-1 (3 ranks in one node) follows a single-process run.
+#[test]
+fn hybrid_and_hsdp_checkpoints_resume_on_other_shapes() {
+    let d = dir("hybrid");
+    let ck = d.join("ck");
+    let base_m = d.join("base.jsonl");
+    run_ok(&launch_args(1, "ddp", 30, &["--metrics", s(&base_m)]));
+    let base = losses(&base_m);
+    let mut chained = Vec::new();
+    for (i, (nodes, rpn, strategy, steps)) in [
+        (2, "2", "hybrid", 10),
+        (2, "2", "hsdp", 20),
+        (1, "3", "zero1", 30),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let m = d.join(format!("{i}.jsonl"));
+        let mut a = launch_args(
+            nodes,
+            strategy,
+            steps,
+            &["--metrics", s(&m), "--checkpoint-dir", s(&ck), "--resume"],
+        );
+        a.splice(3..3, ["--ranks-per-node".to_string(), rpn.to_string()]);
+        run_ok(&a);
+        if i == 0 {
+            // Node 0's two ranks wrote; node 1's replicas did not.
+            let man = wiretrain::checkpoint::Checkpoint::open(&ck)
+                .unwrap()
+                .manifest;
+            let writers: Vec<usize> = man.files.iter().map(|f| f.rank).collect();
+            assert_eq!(writers, [0, 1], "{man:?}");
+        }
+        chained.extend(losses(&m));
+    }
+    let steps: Vec<usize> = chained.iter().map(|x| x.0).collect();
+    assert_eq!(steps, (0..30).collect::<Vec<_>>());
+    let worst = chained
+        .iter()
+        .zip(&base)
+        .map(|((_, a), (_, b))| (a - b).abs() / b.abs().max(1.0))
+        .fold(0.0, f64::max);
+    eprintln!("hybrid -> hsdp -> zero1 vs single process: worst {worst:e}");
+    assert!(worst <= 1e-4, "loss curves differ by {worst:e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// The node process of `launcher` that runs `--node-rank n`.
 fn node_pid(launcher: u32, n: usize) -> Option<u32> {
     let kids =
