@@ -104,3 +104,16 @@ fn bad_input_exits_2_with_the_flag_named() {
         );
     }
 }
+
+#[test]
+fn a_bad_lab_csv_is_a_clear_error() {
+    let p = std::env::temp_dir().join(format!("wiretrain-badlab-{}.csv", std::process::id()));
+    std::fs::write(&p, "rate_mbit,strategy\n50,ddp\n").unwrap();
+    let out = plan(&["--lab-csv", p.to_str().unwrap()]);
+    let text = common::text(&out);
+    assert!(
+        !out.status.success() && text.contains("no column step_ms"),
+        "{text}"
+    );
+    let _ = std::fs::remove_file(&p);
+}

@@ -172,6 +172,79 @@ fn draw_split(
     Ok(())
 }
 
+/// Throughput against link rate, one line per strategy (the wiring lab): `series` holds
+/// (strategy, [(Mbit/s, samples/s)]), the x axis is logarithmic; an unshaped link is drawn at
+/// `unshaped_at` Mbit/s and labelled "none".
+pub fn plot_lab(
+    path: &Path,
+    title: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+    unshaped_at: f64,
+) -> Result<(), PlotError> {
+    let err = |msg: String| PlotError {
+        path: path.display().to_string(),
+        msg,
+    };
+    let pts: Vec<(f64, f64)> = series
+        .iter()
+        .flat_map(|s| s.1.iter().copied())
+        .filter(|p| p.0 > 0.0 && p.0.is_finite() && p.1.is_finite())
+        .collect();
+    if pts.is_empty() {
+        return Err(err("no lab points to draw".into()));
+    }
+    register_font().map_err(err)?;
+    (|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+        let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let root = root.titled(title, ("sans-serif", 22))?;
+        let xr = range(pts.iter().map(|p| p.0.log10()));
+        let top = pts.iter().map(|p| p.1).fold(0.0, f64::max) * 1.15;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(36)
+            .y_label_area_size(70)
+            .build_cartesian_2d(xr, 0.0..top.max(1e-9))?;
+        let fmt = move |x: &f64| {
+            let v = 10f64.powf(*x);
+            if (v - unshaped_at).abs() / unshaped_at < 0.01 {
+                "none".to_string()
+            } else {
+                format!("{v:.0}")
+            }
+        };
+        chart
+            .configure_mesh()
+            .x_desc("link rate (Mbit/s, log scale)")
+            .y_desc("samples/s")
+            .x_label_formatter(&fmt)
+            .label_style(("sans-serif", 14))
+            .draw()?;
+        for (i, (name, v)) in series.iter().enumerate() {
+            let color = PARTS[i % PARTS.len()].1;
+            let mut v: Vec<(f64, f64)> = v.iter().map(|p| (p.0.log10(), p.1)).collect();
+            v.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))?
+                .label(name.as_str())
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
+                });
+            chart.draw_series(v.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()?;
+        root.present()?;
+        Ok(())
+    })()
+    .map_err(|e| err(e.to_string()))
+}
+
 /// Bus bandwidth (GB/s) over time (s), one line per collective kind, into a PNG at `path`.
 pub fn plot_busbw(
     path: &Path,

@@ -75,6 +75,81 @@ pub struct PlanArgs {
     /// Print a ready-made table instead: `interconnects` (70B on 2 x 8 80 GB GPUs).
     #[arg(long)]
     pub table: Option<String>,
+    /// Compare a wiring-lab CSV (`scripts/lab.sh`) with its predictions: a markdown table of
+    /// predicted beside measured, and a PNG of throughput against link rate (--lab-plot).
+    #[arg(long)]
+    pub lab_csv: Option<std::path::PathBuf>,
+    /// Where --lab-csv draws its PNG (default: the CSV path with .png).
+    #[arg(long)]
+    pub lab_plot: Option<std::path::PathBuf>,
+}
+
+/// The unshaped rows of a lab CSV are drawn at this rate.
+const UNSHAPED_MBIT: f64 = 10_000.0;
+
+fn lab(csv: &std::path::Path, png: &std::path::Path) -> Result<()> {
+    use anyhow::Context as _;
+    let text =
+        std::fs::read_to_string(csv).with_context(|| format!("--lab-csv {}", csv.display()))?;
+    let mut lines = text.lines();
+    let head: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
+    let col = |name: &str| {
+        head.iter()
+            .position(|h| *h == name)
+            .ok_or_else(|| anyhow::anyhow!("--lab-csv {}: no column {name}", csv.display()))
+    };
+    let (c_rate, c_st, c_step, c_pred, c_ratio, c_sps) = (
+        col("rate_mbit")?,
+        col("strategy")?,
+        col("step_ms")?,
+        col("predicted_step_ms")?,
+        col("predicted_over_measured")?,
+        col("samples_per_s")?,
+    );
+    let mut series: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    println!(
+        "| link | strategy | measured step ms | predicted step ms | predicted / measured | samples/s |"
+    );
+    println!("|---|---|---|---|---|---|");
+    for (i, l) in lines.enumerate() {
+        let f: Vec<&str> = l.split(',').collect();
+        let num = |c: usize| -> Result<f64> {
+            f.get(c).and_then(|v| v.parse::<f64>().ok()).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--lab-csv {}: line {}: bad number in column {}",
+                    csv.display(),
+                    i + 2,
+                    head[c]
+                )
+            })
+        };
+        let rate = f.get(c_rate).copied().unwrap_or("?");
+        let st = f.get(c_st).copied().unwrap_or("?").to_string();
+        let (step, pred, ratio, sps) = (num(c_step)?, num(c_pred)?, num(c_ratio)?, num(c_sps)?);
+        let link = if rate == "none" {
+            "unshaped".to_string()
+        } else {
+            format!("{rate} Mbit/s")
+        };
+        println!("| {link} | {st} | {step:.1} | {pred:.1} | {ratio:.2} | {sps:.1} |");
+        let x = if rate == "none" {
+            UNSHAPED_MBIT
+        } else {
+            rate.parse().unwrap_or(f64::NAN)
+        };
+        match series.iter_mut().find(|s| s.0 == st) {
+            Some(s) => s.1.push((x, sps)),
+            None => series.push((st, vec![(x, sps)])),
+        }
+    }
+    wiretrain::plot::plot_lab(
+        png,
+        "wiring lab: throughput by link rate",
+        &series,
+        UNSHAPED_MBIT,
+    )?;
+    println!("plot: {}", png.display());
+    Ok(())
 }
 
 fn link(preset: &str, gbps: Option<f64>, latency_us: f64, which: &str) -> Result<Link> {
@@ -144,6 +219,13 @@ impl PlanArgs {
 }
 
 pub fn run(args: &PlanArgs) -> Result<()> {
+    if let Some(csv) = &args.lab_csv {
+        let png = args
+            .lab_plot
+            .clone()
+            .unwrap_or_else(|| csv.with_extension("png"));
+        return lab(csv, &png);
+    }
     if let Some(t) = &args.table {
         return match t.as_str() {
             "interconnects" => {

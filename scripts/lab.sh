@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# The wiring lab: NODES network namespaces ("nodes") joined through a bridge (in a hub
+# namespace) by veth pairs, each node's link shaped with `tc tbf` in both directions; real
+# training runs of every strategy at every link rate; one CSV row per run with the measured
+# step and, beside it, what `wiretrain plan` predicts for that run, calibrated on this machine
+# (compute rate from the unshaped run of the same strategy; link rate = the tbf rate).
+# Needs root (ip netns, tc). Cleans up after itself; every run is bounded (LIMIT seconds).
+#
+#   scripts/lab.sh            # defaults below; writes $OUT and prints it
+#
+# Env: NODES (2), RATES ("none 1000 200 50", Mbit/s, none = unshaped), STRATEGIES
+#      ("ddp zero1 zero2 zero3 hybrid"), EXAMPLE (char-lm), EXTRA (more train flags, default
+#      "--d-model 256": 1.6M parameters, so communication matters), STEPS (10), BATCH (32),
+#      LIMIT (300),
+#      BIN (the wiretrain binary), OUT (CSV path).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NODES=${NODES:-2}; RATES=${RATES:-"none 1000 200 50"}; STEPS=${STEPS:-10}; BATCH=${BATCH:-32}
+STRATEGIES=${STRATEGIES:-"ddp zero1 zero2 zero3 hybrid"}; EXAMPLE=${EXAMPLE:-char-lm}
+EXTRA=${EXTRA:---d-model 256}; LIMIT=${LIMIT:-300}
+BIN=${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}/debug/wiretrain}
+OUT=${OUT:-lab-$(date +%Y%m%d-%H%M%S).csv}
+[ -x "$BIN" ] || { echo "lab: no wiretrain binary at $BIN"; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "lab: SKIP: needs root for ip netns and tc"; exit 77; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iproute2 not installed"; exit 77; }
+
+id=$$; hub="wtlab${id}hub"; net=10.215.$((id % 250))
+tmp=$(mktemp -d)
+ns() { echo "wtlab${id}n$1"; }
+cleanup() {
+  for i in $(seq 0 $((NODES - 1))); do
+    ip netns pids "$(ns "$i")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$(ns "$i")" 2>/dev/null || true
+  done
+  ip netns del "$hub" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ip netns add "$hub" 2>/dev/null || { echo "lab: SKIP: cannot create network namespaces here"; exit 77; }
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+for i in $(seq 0 $((NODES - 1))); do
+  n=$(ns "$i")
+  ip netns add "$n"
+  ip link add "wt${id}v$i" type veth peer name "wt${id}h$i"
+  ip link set "wt${id}v$i" netns "$n"
+  ip link set "wt${id}h$i" netns "$hub"
+  ip -n "$n" link set "wt${id}v$i" name eth0
+  ip -n "$n" addr add "$net.$((i + 1))/24" dev eth0
+  ip -n "$n" link set lo up
+  ip -n "$n" link set eth0 up
+  ip -n "$hub" link set "wt${id}h$i" master br0
+  ip -n "$hub" link set "wt${id}h$i" up
+done
+
+shape() { # $1 = Mbit/s or none: tbf on both ends of every node's veth
+  local rate=$1 i where dev
+  for i in $(seq 0 $((NODES - 1))); do
+    for side in "$(ns "$i") eth0" "$hub wt${id}h$i"; do
+      read -r where dev <<<"$side"
+      tc -n "$where" qdisc del dev "$dev" root 2>/dev/null || true
+      # A bucket of 2 ms of traffic (at least 32 KiB): steps cannot ride on a big burst.
+      [ "$rate" = none ] && continue
+      local burst=$(( rate * 1000000 / 8 / 500 )); [ "$burst" -ge 32768 ] || burst=32768
+      tc -n "$where" qdisc add dev "$dev" root tbf rate "${rate}mbit" burst "$burst" latency 200ms
+    done
+  done
+}
+
+run() { # $1 strategy, $2 metrics file
+  export WIRETRAIN_TOKEN="lab-$id-$RANDOM"
+  rm -f "$tmp/addr"
+  local args=(train --example "$EXAMPLE" --strategy "$1" --steps "$STEPS" --global-batch "$BATCH"
+              --device cpu --no-progress --nnodes "$NODES")
+  # shellcheck disable=SC2206
+  args+=($EXTRA)
+  ip netns exec "$(ns 0)" timeout "$LIMIT" "$BIN" "${args[@]}" --node-rank 0 \
+    --master "$net.1:0" --addr-file "$tmp/addr" --metrics "$2" >/dev/null 2>"$tmp/err0" &
+  local pids=($!)
+  for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
+  [ -s "$tmp/addr" ] || { echo "lab: node 0 never listened"; cat "$tmp/err0"; return 1; }
+  for i in $(seq 1 $((NODES - 1))); do
+    ip netns exec "$(ns "$i")" timeout "$LIMIT" "$BIN" "${args[@]}" --node-rank "$i" \
+      --master "$(cat "$tmp/addr")" --bind "$net.$((i + 1)):0" >/dev/null 2>"$tmp/err$i" &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  [ "$rc" = 0 ] || { echo "lab: $1 failed"; cat "$tmp"/err*; return 1; }
+}
+
+echo "rate_mbit,strategy,nodes,params,step_ms,compute_ms,comm_ms,optim_ms,sent_bytes,samples_per_s,predicted_step_ms,predicted_over_measured" > "$OUT"
+declare -A calib
+for rate in $RATES; do
+  shape "$rate"
+  for st in $STRATEGIES; do
+    run "$st" "$tmp/m.jsonl"
+    row=$(python3 - "$tmp/m.jsonl" "$rate" "$st" "$NODES" "$BATCH" <<'PY'
+import json, sys
+m, rate, st, nodes, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
+s = json.loads(open(m).read().splitlines()[-1])
+md = s["median"]
+print(",".join(str(x) for x in [rate, st, nodes, s["params_total"], md["step_ms"], md["compute_ms"],
+      md["comm_ms"], md["optim_ms"], md["sent_bytes"], batch / (md["step_ms"] / 1e3)]))
+PY
+)
+    IFS=, read -r _ _ _ params step compute comm optim sent sps <<<"$row"
+    # Calibration: the unshaped run of this strategy gives the compute rate (6 psi FLOPs per
+    # sample) and the fixed per-step cost of the collectives on this machine.
+    if [ "$rate" = none ]; then calib[$st]="$step $compute $optim"; fi
+    read -r c_step c_compute c_optim <<<"${calib[$st]:-$step $compute $optim}"
+    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$rate" "$st" "$c_step" "$c_compute" "$c_optim" <<'PY'
+import json, subprocess, sys
+b, params, nodes, batch, rate, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+c_step, c_compute, c_optim = map(float, sys.argv[7:10])
+if rate == "none":
+    print(c_step); sys.exit()
+busy_s = (c_compute + c_optim) / 1e3
+tflops = 6 * params * batch / nodes / busy_s / 1e12
+out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
+    "--seq", "1", "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
+    "--wire", "f32", "--tflops", str(tflops), "--inter-gbps", str(float(rate) / 1000), "--inter-latency-us", "100",
+    "--device-mem", "1000", "--json"], capture_output=True, text=True, check=True).stdout
+p = {json.loads(l)["strategy"]: json.loads(l) for l in out.splitlines()}[st]
+# The unshaped run's communication (loopback) is the fixed cost beyond the link's share.
+fixed_ms = c_step - c_compute - c_optim
+print(p["step_s"] * 1e3 + fixed_ms)
+PY
+)
+    ratio=$(python3 -c "print(f'{$pred/$step:.3f}')")
+    echo "$row,$pred,$ratio" >> "$OUT"
+    echo "rate ${rate} ${st}: step ${step} ms, predicted ${pred} ms (x${ratio})"
+  done
+done
+echo "lab: wrote $OUT"
