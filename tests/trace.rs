@@ -158,6 +158,16 @@ fn report_names_the_straggler_and_who_was_waited_for() {
     assert_eq!(w["waited_for"], 2, "{r}");
     assert_ne!(w["rank"], 2);
     assert_eq!(r["splits"].as_array().unwrap().len(), 4);
+    // Two nodes: the gradient collectives crossed the inter-node link and were timed there.
+    let bw = r["bandwidth"].as_array().unwrap();
+    assert!(
+        bw.iter()
+            .any(|b| b["inter_gbs"].as_f64().is_some_and(|g| g > 0.0)
+                && b["inter_share"]
+                    .as_f64()
+                    .is_some_and(|s| s > 0.0 && s <= 1.0)),
+        "{r}"
+    );
     for f in ["report-split.png", "report-busbw.png"] {
         let png = std::fs::read(t.join(f)).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{f}");

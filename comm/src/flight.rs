@@ -26,6 +26,12 @@ pub struct Entry {
     pub finished_ms: Option<f64>,
     /// "pending", "running", "ok" or the error.
     pub state: String,
+    /// Milliseconds and bytes this rank spent sending on its inter-node lane (none when the
+    /// collective stayed inside the node or this rank carries no lane).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inter_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inter_bytes: Option<u64>,
 }
 
 /// The ring buffer of one rank.
@@ -92,6 +98,8 @@ impl FlightRecorder {
             started_ms: None,
             finished_ms: None,
             state: "pending".into(),
+            inter_ms: None,
+            inter_bytes: None,
         });
     }
 
@@ -100,6 +108,14 @@ impl FlightRecorder {
         if let Some(e) = self.entry(seq) {
             e.started_ms = Some(t);
             e.state = "running".into();
+        }
+    }
+
+    /// Records the inter-node part of a collective (before [`Self::finished`]).
+    pub fn inter_link(&mut self, seq: u64, inter: Option<(f64, u64)>) {
+        if let (Some((ms, bytes)), Some(e)) = (inter, self.entry(seq)) {
+            e.inter_ms = Some(ms);
+            e.inter_bytes = Some(bytes);
         }
     }
 

@@ -246,8 +246,10 @@ impl ProcessGroup {
         let rank = self.rank;
         let job: Job = Box::new(move |ex: &mut Executor| {
             lock(&flight).started(id.seq);
+            ex.inter = None;
             let r = run(ex, id);
             let mut f = lock(&flight);
+            f.inter_link(id.seq, ex.inter.take());
             f.finished(id.seq, r.as_ref().err().map(|e| crate::error::report(e)));
             if r.is_err()
                 && let Some(p) = f.dump_once()
@@ -462,6 +464,8 @@ struct Executor {
     timeout: Duration,
     failed: Option<String>,
     on_fail: FailHook,
+    /// Time (ms) and bytes this rank spent on its inter-node lane in the current collective.
+    inter: Option<(f64, u64)>,
 }
 
 impl Executor {
@@ -535,6 +539,8 @@ impl Executor {
     ) -> Result<(), Error> {
         let lane = self.lane.as_mut().expect("lane owner");
         let progress = lane.progress.clone();
+        let t_lane = Instant::now();
+        let sent_before = lane.sent.load(std::sync::atomic::Ordering::Relaxed);
         let left = deadline.saturating_duration_since(Instant::now());
         let res = self.rt.block_on(async {
             match task {
@@ -553,6 +559,10 @@ impl Executor {
         });
         let (step, chunk, from) = progress.waiting();
         let lane = self.lane.as_ref().expect("lane owner");
+        // Time and bytes on the inter-node link, for the trace's per-link bandwidth.
+        let sent = lane.sent.load(std::sync::atomic::Ordering::Relaxed) - sent_before;
+        let (ms, b) = self.inter.unwrap_or((0.0, 0));
+        self.inter = Some((ms + t_lane.elapsed().as_secs_f64() * 1e3, b + sent));
         let waiting_for = format!(
             "waiting for step {step} frame {chunk} from {}",
             lane.describe(from)
@@ -964,6 +974,7 @@ impl Node {
                 timeout: cfg.collective_timeout,
                 failed: None,
                 on_fail: on_fail.clone(),
+                inter: None,
             };
             let (tx, rx) = mpsc::channel::<Job>();
             let worker = std::thread::Builder::new()

@@ -142,6 +142,11 @@ pub struct Bandwidth {
     pub median_ms: f64,
     pub algbw_gbs: f64,
     pub busbw_gbs: f64,
+    /// The inter-node link: median GB/s a lane sent at while on it (None when the op never
+    /// crossed nodes), and the share of the collective's time spent there (the rest is the
+    /// shared-memory phases inside the node and waiting for peers).
+    pub inter_gbs: Option<f64>,
+    pub inter_share: f64,
 }
 
 /// One long wait.
@@ -217,6 +222,8 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
     // (seq) -> per rank submission ts, op name
     let mut submitted: BTreeMap<u64, Vec<(usize, f64)>> = BTreeMap::new();
     let mut by_op: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    // op -> (inter ms, inter bytes) per call that crossed nodes, and total inter ms.
+    let mut inter: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     let mut waits = Vec::new();
     for t in traces {
         let spans: Vec<&Event> = t.events.iter().filter(|e| e.ph == "X").collect();
@@ -257,6 +264,17 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
             let dur = (e.ts + e.dur.unwrap_or(0.0) - start).max(1e-3);
             if op != "barrier" && bytes > 0.0 {
                 by_op.entry(op.to_string()).or_default().push((bytes, dur));
+                let ims = e
+                    .args
+                    .get("inter_ms")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0);
+                let ib = e
+                    .args
+                    .get("inter_bytes")
+                    .and_then(|v| v.as_f64())
+                    .unwrap_or(0.0);
+                inter.entry(op.to_string()).or_default().push((ims, ib));
             }
         }
     }
@@ -274,7 +292,21 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
             let bytes = median(v.iter().map(|x| x.0).collect());
             let ms = median(v.iter().map(|x| x.1 / 1e3).collect());
             let algbw = bytes / (ms / 1e3) / 1e9;
+            let calls = inter.get(&op).cloned().unwrap_or_default();
+            let crossing: Vec<f64> = calls
+                .iter()
+                .filter(|c| c.0 > 0.0 && c.1 > 0.0)
+                .map(|c| c.1 / (c.0 / 1e3) / 1e9)
+                .collect();
+            let total_ms: f64 = v.iter().map(|x| x.1 / 1e3).sum();
+            let inter_ms: f64 = calls.iter().map(|c| c.0).sum();
             Bandwidth {
+                inter_gbs: (!crossing.is_empty()).then(|| median(crossing)),
+                inter_share: if total_ms > 0.0 {
+                    inter_ms / total_ms
+                } else {
+                    0.0
+                },
                 busbw_gbs: algbw * bus_factor(&op, world as f64),
                 op,
                 calls: v.len(),

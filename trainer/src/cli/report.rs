@@ -85,15 +85,26 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     );
     println!("collectives (medians; time from start to completion on the communication thread):");
     println!(
-        "{:>16} {:>7} {:>12} {:>10} {:>11} {:>11}",
-        "op", "calls", "bytes", "ms", "algbw GB/s", "busbw GB/s"
+        "{:>16} {:>7} {:>12} {:>10} {:>11} {:>11} {:>15} {:>11}",
+        "op", "calls", "bytes", "ms", "algbw GB/s", "busbw GB/s", "inter-node GB/s", "inter share"
     );
     for b in &r.bandwidth {
         println!(
-            "{:>16} {:>7} {:>12.0} {:>10.3} {:>11.3} {:>11.3}",
-            b.op, b.calls, b.bytes, b.median_ms, b.algbw_gbs, b.busbw_gbs
+            "{:>16} {:>7} {:>12.0} {:>10.3} {:>11.3} {:>11.3} {:>15} {:>10.0}%",
+            b.op,
+            b.calls,
+            b.bytes,
+            b.median_ms,
+            b.algbw_gbs,
+            b.busbw_gbs,
+            b.inter_gbs.map_or("-".to_string(), |g| format!("{g:.3}")),
+            100.0 * b.inter_share
         );
     }
+    println!(
+        "  (inter-node GB/s: what a lane sent per second while on the link between nodes; \
+         compare with `wiretrain bench --op p2p` on the same link)"
+    );
     println!("longest waits:");
     for w in &r.waits {
         match w.waited_for {
