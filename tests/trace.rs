@@ -109,11 +109,21 @@ fn check_nesting(path: &Path) {
     assert!(worst >= 0.9, "{path:?}: a step is only {worst:.3} covered");
     let coll: Vec<&serde_json::Value> = evs.iter().filter(|e| e["cat"] == "collective").collect();
     assert!(!coll.is_empty());
-    for c in coll {
+    for c in &coll {
         assert!(
             c["args"]["seq"].as_u64().is_some() && c["args"]["bytes"].as_u64().is_some(),
             "{c}"
         );
+        assert_eq!(c["args"]["wire_dtype"], "f32", "{c}");
+        // 2 nodes x 2 ranks: every rank carries a lane to the other node.
+        assert_eq!(c["args"]["peer_nodes"].as_array().unwrap().len(), 1, "{c}");
+    }
+    let named = |p: &str| {
+        evs.iter()
+            .any(|e| e["name"].as_str().is_some_and(|n| n.starts_with(p)))
+    };
+    if named("forward unit") {
+        assert!(named("free unit"), "ZeRO-3 traces show each unit's free");
     }
 }
 

@@ -186,6 +186,16 @@ pub fn enable(rank: usize, node: usize, (offset_us, accuracy_us, base_us): (f64,
 pub fn add_comm_track(pg: &mut ProcessGroup) {
     let epoch = pg.flight_epoch();
     let hist = pg.take_history();
+    // The nodes this rank's lane exchanges with (ring neighbours); none in a one-node job.
+    let (node, nodes) = (pg.node(), pg.table().num_nodes());
+    let lane = pg.local_rank() < pg.table().lanes();
+    let peers: Vec<usize> = if nodes > 1 && lane {
+        let mut p = vec![(node + nodes - 1) % nodes, (node + 1) % nodes];
+        p.dedup();
+        p
+    } else {
+        Vec::new()
+    };
     REC.with(|r| {
         let mut r = r.borrow_mut();
         let Some(rec) = r.as_mut() else { return };
@@ -207,6 +217,7 @@ pub fn add_comm_track(pg: &mut ProcessGroup) {
                         "op": e.op, "seq": e.seq, "bytes": e.bytes, "state": e.state,
                         "started_us": e.started_ms.map(at),
                         "inter_ms": e.inter_ms, "inter_bytes": e.inter_bytes,
+                        "peer_nodes": peers, "wire_dtype": "f32",
                     }),
                 }
             })

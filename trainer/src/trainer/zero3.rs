@@ -258,13 +258,15 @@ impl<M: Units> Trainer<M> {
             let (gu, w) = gathers.pop_front().expect("unit gather issued");
             debug_assert_eq!(gu, u);
             let full = timed(w, &mut gather_wait)?;
-            let _s = crate::trace::span(format!("forward unit {u}"), "compute");
+            let fwd = crate::trace::span(format!("forward unit {u}"), "compute");
             model = set_unit(model, &self.layout, &units[u], Some(&full));
             drop(full);
             let xin = x.take().expect("an input for every unit");
             if u + 1 < n {
                 saved.push(xin.clone().detached());
                 x = Some(model.forward_unit(u, xin).detached());
+                drop(fwd);
+                let _f = crate::trace::span(format!("free unit {u}"), "compute");
                 model = set_unit(model, &self.layout, &units[u], None);
             } else {
                 let leaf = xin.fresh_leaf();
@@ -328,8 +330,10 @@ impl<M: Units> Trainer<M> {
             self.layout
                 .flatten_grads(&mut gp, units[u].clone(), &mut flat);
             drop(gp);
-            model = set_unit(model, &self.layout, &units[u], None);
             drop(sf);
+            let fr = crate::trace::span(format!("free unit {u}"), "compute");
+            model = set_unit(model, &self.layout, &units[u], None);
+            drop(fr);
             // One unit's reduce-scatter in flight while the next unit computes.
             if let Some((pu, w)) = pending.take() {
                 let buf = timed(w, &mut comm)?;
