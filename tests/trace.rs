@@ -182,6 +182,37 @@ fn report_names_the_straggler_and_who_was_waited_for() {
         let png = std::fs::read(t.join(f)).unwrap();
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{f}");
     }
+    // With bench figures given, each collective shows the bench busbw of the nearest size.
+    let bench = d.join("bench.jsonl");
+    std::fs::write(
+        &bench,
+        "{\"op\":\"reduce-scatter\",\"bytes\":1000,\"busbw_gbps\":9.0}\n\
+         {\"op\":\"reduce-scatter\",\"bytes\":30000,\"busbw_gbps\":1.5}\n",
+    )
+    .unwrap();
+    let out = common::run(
+        &[
+            "report",
+            t.to_str().unwrap(),
+            "--json",
+            "--no-plot",
+            "--bench",
+            bench.to_str().unwrap(),
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rb: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rs = rb["bandwidth"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["op"] == "reduce_scatter")
+        .unwrap()
+        .clone();
+    assert_eq!(rs["bench_busbw_gbs"], 1.5, "{rs}");
+    assert!(rs["intra_busbw_gbs"].as_f64().unwrap() > 0.0, "{rs}");
     // The human summary says the same.
     let out = common::run(
         &["report", t.to_str().unwrap(), "--no-plot"],

@@ -147,6 +147,32 @@ pub struct Bandwidth {
     /// shared-memory phases inside the node and waiting for peers).
     pub inter_gbs: Option<f64>,
     pub inter_share: f64,
+    /// The phases inside the node: busbw over the ranks of a node, on the time not spent on
+    /// the inter-node lane (an upper bound on time, so a lower bound on bandwidth: waiting for
+    /// peers counts as intra-node time).
+    pub intra_busbw_gbs: f64,
+    /// `wiretrain bench`'s busbw for this op at the nearest size, when a bench file was given.
+    pub bench_busbw_gbs: Option<f64>,
+}
+
+/// Fills [`Bandwidth::bench_busbw_gbs`] from `wiretrain bench --json` rows (op names with
+/// dashes or underscores; the row of the nearest size on a log scale).
+pub fn add_bench(report: &mut Report, rows: &[serde_json::Value]) {
+    for b in &mut report.bandwidth {
+        b.bench_busbw_gbs = rows
+            .iter()
+            .filter(|r| {
+                r["op"].as_str().map(|o| o.replace('-', "_")) == Some(b.op.clone())
+                    && r["bytes"].as_f64().is_some_and(|x| x > 0.0)
+            })
+            .min_by(|x, y| {
+                let d = |r: &serde_json::Value| {
+                    (r["bytes"].as_f64().unwrap_or(1.0).ln() - b.bytes.max(1.0).ln()).abs()
+                };
+                d(x).total_cmp(&d(y))
+            })
+            .and_then(|r| r["busbw_gbps"].as_f64());
+    }
 }
 
 /// One long wait.
@@ -286,6 +312,7 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
         .max_by(|a, b| a.1.total_cmp(&b.1))
         .unwrap_or((0, 0.0));
     let med = median(busy.clone());
+    let per_node = traces.iter().filter(|t| t.node == 0).count().max(1) as f64;
     let bandwidth = by_op
         .into_iter()
         .map(|(op, v)| {
@@ -300,7 +327,15 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
                 .collect();
             let total_ms: f64 = v.iter().map(|x| x.1 / 1e3).sum();
             let inter_ms: f64 = calls.iter().map(|c| c.0).sum();
+            let intra_ms = median(
+                v.iter()
+                    .zip(&calls)
+                    .map(|(x, c)| (x.1 / 1e3 - c.0).max(1e-6))
+                    .collect(),
+            );
             Bandwidth {
+                intra_busbw_gbs: bytes / (intra_ms / 1e3) / 1e9 * bus_factor(&op, per_node),
+                bench_busbw_gbs: None,
                 inter_gbs: (!crossing.is_empty()).then(|| median(crossing)),
                 inter_share: if total_ms > 0.0 {
                     inter_ms / total_ms

@@ -16,11 +16,31 @@ pub struct ReportArgs {
     /// No PNG.
     #[arg(long)]
     pub no_plot: bool,
+    /// `wiretrain bench --json` output on the same machines: its busbw is shown beside the
+    /// achieved figures.
+    #[arg(long)]
+    pub bench: Option<PathBuf>,
 }
 
 pub fn run(args: &ReportArgs) -> Result<()> {
     let traces = load(&args.dir)?;
-    let r = analyse(&traces);
+    let mut r = analyse(&traces);
+    if let Some(b) = &args.bench {
+        let text =
+            std::fs::read_to_string(b).with_context(|| format!("--bench {}", b.display()))?;
+        let rows: Vec<serde_json::Value> = text
+            .lines()
+            .filter(|l| l.trim_start().starts_with('{'))
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .with_context(|| {
+                format!(
+                    "--bench {}: not `wiretrain bench --json` output",
+                    b.display()
+                )
+            })?;
+        wiretrain::report::add_bench(&mut r, &rows);
+    }
     if !args.no_plot {
         let png = args.dir.join("report-split.png");
         let bars: Vec<(usize, [f64; 5])> = r
@@ -85,20 +105,32 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     );
     println!("collectives (medians; time from start to completion on the communication thread):");
     println!(
-        "{:>16} {:>7} {:>12} {:>10} {:>11} {:>11} {:>15} {:>11}",
-        "op", "calls", "bytes", "ms", "algbw GB/s", "busbw GB/s", "inter-node GB/s", "inter share"
+        "{:>16} {:>7} {:>12} {:>10} {:>11} {:>11} {:>11} {:>15} {:>11} {:>11}",
+        "op",
+        "calls",
+        "bytes",
+        "ms",
+        "algbw GB/s",
+        "busbw GB/s",
+        "intra GB/s",
+        "inter-node GB/s",
+        "inter share",
+        "bench busbw"
     );
     for b in &r.bandwidth {
         println!(
-            "{:>16} {:>7} {:>12.0} {:>10.3} {:>11.3} {:>11.3} {:>15} {:>10.0}%",
+            "{:>16} {:>7} {:>12.0} {:>10.3} {:>11.3} {:>11.3} {:>11.3} {:>15} {:>10.0}% {:>11}",
             b.op,
             b.calls,
             b.bytes,
             b.median_ms,
             b.algbw_gbs,
             b.busbw_gbs,
+            b.intra_busbw_gbs,
             b.inter_gbs.map_or("-".to_string(), |g| format!("{g:.3}")),
-            100.0 * b.inter_share
+            100.0 * b.inter_share,
+            b.bench_busbw_gbs
+                .map_or("-".to_string(), |g| format!("{g:.3}"))
         );
     }
     println!(
