@@ -121,14 +121,14 @@ impl FlightRecorder {
 
     pub fn finished(&mut self, seq: u64, error: Option<String>) {
         let t = self.now();
+        let keep = self.history.as_ref().is_some_and(|h| h.len() < HISTORY_CAP);
         if let Some(e) = self.entry(seq) {
             e.finished_ms = Some(t);
             e.state = error.unwrap_or_else(|| "ok".into());
-            let e = e.clone();
-            if let Some(h) = self.history.as_mut()
-                && h.len() < HISTORY_CAP
-            {
-                h.push(e);
+            // Copied only while a trace keeps history: the common path allocates nothing.
+            let copy = keep.then(|| e.clone());
+            if let (Some(c), Some(h)) = (copy, self.history.as_mut()) {
+                h.push(c);
             }
         }
     }

@@ -42,6 +42,28 @@ impl Default for OptimConfig {
     }
 }
 
+impl From<Scalar> for ScalarValue {
+    fn from(v: Scalar) -> Self {
+        match v {
+            Scalar::Int(i) => Self::Int(i),
+            Scalar::UInt(u) => Self::UInt(u),
+            Scalar::Float(f) => Self::Float(f),
+            Scalar::Bool(b) => Self::Bool(b),
+        }
+    }
+}
+
+impl From<ScalarValue> for Scalar {
+    fn from(v: ScalarValue) -> Self {
+        match v {
+            ScalarValue::Int(i) => Self::Int(i),
+            ScalarValue::UInt(u) => Self::UInt(u),
+            ScalarValue::Float(f) => Self::Float(f),
+            ScalarValue::Bool(b) => Self::Bool(b),
+        }
+    }
+}
+
 /// Optimizer state in a form that can be written, cut and joined: per-element tensors and
 /// scalars (step counts).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -176,15 +198,7 @@ impl ShardOptimizer {
         let scalars = sink
             .scalars
             .into_iter()
-            .map(|(k, v)| {
-                let v = match v {
-                    Scalar::Int(i) => ScalarValue::Int(i),
-                    Scalar::UInt(u) => ScalarValue::UInt(u),
-                    Scalar::Float(f) => ScalarValue::Float(f),
-                    Scalar::Bool(b) => ScalarValue::Bool(b),
-                };
-                (k, v)
-            })
+            .map(|(k, v)| (k, v.into()))
             .collect();
         Ok(ExportedState { tensors, scalars })
     }
@@ -202,15 +216,7 @@ impl ShardOptimizer {
         let scalars = state
             .scalars
             .into_iter()
-            .map(|(k, v)| {
-                let v = match v {
-                    ScalarValue::Int(i) => Scalar::Int(i),
-                    ScalarValue::UInt(u) => Scalar::UInt(u),
-                    ScalarValue::Float(f) => Scalar::Float(f),
-                    ScalarValue::Bool(b) => Scalar::Bool(b),
-                };
-                (k, v)
-            })
+            .map(|(k, v)| (k, v.into()))
             .collect();
         let mut src = StateSource::new(scalars);
         for (name, v) in state.tensors {
