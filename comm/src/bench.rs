@@ -16,6 +16,7 @@
 use crate::error::{CollectiveError, Error};
 use crate::group::{ProcessGroup, ReduceOp};
 use crate::topology::shard_range;
+use crate::wire::WireDtype;
 use serde::Serialize;
 use std::time::Instant;
 
@@ -79,6 +80,8 @@ pub struct BenchSpec {
     pub warmup: usize,
     pub check: bool,
     pub reduce: ReduceOp,
+    /// The element type between nodes for all-reduce, reduce-scatter and all-gather.
+    pub wire: WireDtype,
 }
 
 /// One table row.
@@ -93,6 +96,10 @@ pub struct BenchRow {
     pub busbw_gbps: f64,
     pub wrong: u64,
     pub iters: usize,
+    /// The wire dtype between nodes.
+    pub wire: &'static str,
+    /// Bytes the busiest rank sent to other nodes per call (frame headers included).
+    pub wire_bytes: u64,
 }
 
 /// The input value of `rank` at element `i` in iteration `it`: small integers, exact sums.
@@ -123,11 +130,48 @@ fn finish(v: f32, reduce: ReduceOp, world: usize) -> f32 {
     }
 }
 
-fn count_wrong(got: &[f32], want: impl Fn(usize) -> f32) -> u64 {
+/// Elements that differ from the reference: bit for bit when `tol` is 0, else by more than
+/// `tol` (or NaN).
+fn count_wrong(got: &[f32], tol: f32, want: impl Fn(usize) -> f32) -> u64 {
     got.iter()
         .enumerate()
-        .filter(|(i, g)| g.to_bits() != want(*i).to_bits())
+        .filter(|(i, g)| {
+            let w = want(*i);
+            if tol == 0.0 {
+                g.to_bits() != w.to_bits()
+            } else {
+                g.is_nan() || (**g - w).abs() > tol
+            }
+        })
         .count() as u64
+}
+
+/// A 32-bit digest of a buffer's bits, as two f32 halves that travel exactly.
+fn digest(v: &[f32]) -> [f32; 2] {
+    let mut h: u32 = 0x811c_9dc5;
+    for x in v {
+        h = (h ^ x.to_bits()).wrapping_mul(0x0100_0193);
+    }
+    [(h >> 16) as f32, (h & 0xffff) as f32]
+}
+
+/// How far a checked result may be from the exact one: 0 (bit-exact) for f32/f16/bf16, whose
+/// inputs and sums here are small integers they represent exactly; for int8, half a
+/// quantization step per quantization a value can see (one per node hop), with the largest
+/// partial sum as the block maximum.
+fn tolerance(op: BenchOp, spec: &BenchSpec, nodes: usize, world: usize) -> f32 {
+    if spec.wire != WireDtype::Int8 || nodes < 2 {
+        return 0.0;
+    }
+    let step = |amax: f32| crate::codec::int8_scale(amax);
+    match op {
+        BenchOp::AllReduce | BenchOp::ReduceScatter => {
+            let t = nodes as f32 * 0.5 * step(9.0 * world as f32) * 1.01;
+            finish(t, spec.reduce, world)
+        }
+        BenchOp::AllGather => 0.5 * step(9.0) * 1.01,
+        _ => 0.0,
+    }
 }
 
 /// Runs one op at one size for `iters` (after `warmup`) on this rank; returns the row (the
@@ -151,6 +195,9 @@ fn run_one(
     let mut times = Vec::with_capacity(spec.iters);
     let mut wrong = 0u64;
     let shard = shard_range(len, world, rank);
+    let nodes = pg.table().num_nodes();
+    let tol = tolerance(op, spec, nodes, world);
+    let mut wire_sent = 0u64;
     // One buffer for the whole run, like nccl-tests: allocation is not part of a collective.
     let mut buf: Vec<f32> = vec![0.0; if op == BenchOp::P2p { 2 * len } else { len }];
     let mut copy_dst: Vec<f32> = if op == BenchOp::Memcpy && rank == 0 {
@@ -180,6 +227,8 @@ fn run_one(
                 .for_each(|(i, x)| *x = value(rank, it, i)),
         }
         pg.barrier()?;
+        pg.set_wire_dtype(spec.wire);
+        let sent0 = pg.bytes_sent();
         let t0 = Instant::now();
         buf = match op {
             BenchOp::AllReduce => pg.all_reduce(buf, spec.reduce).wait()?,
@@ -195,6 +244,9 @@ fn run_one(
             }
         };
         let dt = t0.elapsed().as_secs_f64();
+        wire_sent += pg.bytes_sent() - sent0;
+        // Bookkeeping travels exactly.
+        pg.set_wire_dtype(WireDtype::F32);
         // The slowest rank defines the iteration's time.
         let mine = pg.shard_range(world);
         let all = pg.all_gather(vec![dt as f32; mine.len()], world).wait()?;
@@ -206,27 +258,46 @@ fn run_one(
             let out = &buf;
             wrong += match op {
                 BenchOp::AllReduce => {
-                    count_wrong(out, |i| finish(sums.at(it, i), spec.reduce, world))
+                    count_wrong(out, tol, |i| finish(sums.at(it, i), spec.reduce, world))
                 }
-                BenchOp::ReduceScatter => count_wrong(&out[shard.clone()], |i| {
+                BenchOp::ReduceScatter => count_wrong(&out[shard.clone()], tol, |i| {
                     finish(sums.at(it, shard.start + i), spec.reduce, world)
                 }),
                 BenchOp::AllGather => {
                     let mut wrong = 0u64;
                     for g in 0..world {
                         let r = shard_range(len, world, g);
-                        wrong += count_wrong(&out[r.clone()], |i| value(g, it, r.start + i));
+                        wrong += count_wrong(&out[r.clone()], tol, |i| value(g, it, r.start + i));
                     }
                     wrong
                 }
-                BenchOp::Broadcast => count_wrong(out, |i| value(root, it, i)),
+                BenchOp::Broadcast => count_wrong(out, 0.0, |i| value(root, it, i)),
                 BenchOp::P2p => 0,
-                BenchOp::Memcpy => count_wrong(&copy_dst, |i| value(rank, it, i)),
+                BenchOp::Memcpy => count_wrong(&copy_dst, 0.0, |i| value(rank, it, i)),
             };
+            // Results every rank holds must be bit-identical on every rank, whatever the
+            // wire dtype: a rank whose digest differs from rank 0's counts its whole buffer.
+            if matches!(
+                op,
+                BenchOp::AllReduce | BenchOp::AllGather | BenchOp::Broadcast
+            ) {
+                let d = digest(out);
+                let all = pg.all_gather(d.to_vec(), 2 * world).wait()?;
+                if all[2 * rank..2 * rank + 2] != all[0..2] {
+                    wrong += out.len() as u64;
+                }
+            }
         }
     }
-    // Everyone agrees on the wrong count (sum over ranks).
+    // Everyone agrees on the wrong count (sum over ranks) and the busiest rank's bytes.
     let total_wrong = pg.all_reduce(vec![wrong as f32], ReduceOp::Sum).wait()?[0] as u64;
+    let calls = (spec.warmup + spec.iters) as u64;
+    let per_call = wire_sent / calls;
+    let mine = pg.shard_range(world);
+    let all = pg
+        .all_gather(vec![per_call as f64 as f32; mine.len()], world)
+        .wait()?;
+    let wire_bytes = all.iter().cloned().fold(0.0f32, f32::max) as u64;
     times.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let t = if times.is_empty() {
         0.0
@@ -244,6 +315,15 @@ fn run_one(
         busbw_gbps: algbw * op.bus_factor(world),
         wrong: total_wrong,
         iters: spec.iters,
+        wire: if matches!(
+            op,
+            BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::AllGather
+        ) {
+            spec.wire.name()
+        } else {
+            WireDtype::F32.name()
+        },
+        wire_bytes,
     })
 }
 
@@ -270,10 +350,11 @@ pub fn run_rank(
 /// The table header, in nccl-tests' spirit.
 pub fn table_header(nodes: usize, ranks_per_node: &str, world: usize, spec: &BenchSpec) -> String {
     format!(
-        "# wiretrain bench: {nodes} node(s) x {ranks_per_node} rank(s) = world {world}; iters {} (median), warmup {}, reduce {:?}\n# transport: shared host buffers inside a node, QUIC (TLS 1.3) between nodes\n#\n# {:>14} {:>12} {:>12} {:>12} {:>12} {:>8}\n# {:>14} {:>12} {:>12} {:>12} {:>12} {:>8}",
+        "# wiretrain bench: {nodes} node(s) x {ranks_per_node} rank(s) = world {world}; iters {} (median), warmup {}, reduce {:?}\n# transport: shared host buffers inside a node, QUIC (TLS 1.3) between nodes; wire dtype {} (all-reduce, reduce-scatter, all-gather)\n#\n# {:>14} {:>12} {:>12} {:>12} {:>12} {:>8}\n# {:>14} {:>12} {:>12} {:>12} {:>12} {:>8}",
         spec.iters,
         spec.warmup,
         spec.reduce,
+        spec.wire,
         "op",
         "size(B)",
         "time(us)",

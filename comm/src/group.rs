@@ -14,6 +14,12 @@
 //!
 //! With one node this is a pure shared-buffer reduce-scatter/all-gather; with one rank per
 //! node it is a plain ring.
+//!
+//! Between nodes the ring frames carry the group's wire dtype ([`ProcessGroup::set_wire_dtype`]:
+//! f32, f16, bf16 or int8, see [`crate::codec`]); inside a node everything stays f32. A
+//! reduction decodes each received frame and adds it in f32. Before an all-gather sends a
+//! node's own finished piece, the node replaces it by its decoded form, so every rank ends with
+//! bit-identical values. Broadcast and p2p always carry f32.
 
 use crate::algo::layout::intersect;
 use crate::algo::{Layout, ring};
@@ -24,6 +30,7 @@ use crate::tls::JobIdentity;
 use crate::topology::RankTable;
 use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
 use crate::transport::quic::{self, LaneLinks, RawBuf, RingJob, close_code};
+use crate::wire::WireDtype;
 use quinn::{Endpoint, VarInt};
 use std::fmt;
 use std::sync::Arc;
@@ -159,6 +166,7 @@ pub struct ProcessGroup {
     worker: Option<std::thread::JoinHandle<()>>,
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
     flight: Arc<std::sync::Mutex<crate::flight::FlightRecorder>>,
+    wire: WireDtype,
 }
 
 /// Locks the flight recorder, also after a panic elsewhere (it only holds plain data).
@@ -209,6 +217,17 @@ impl ProcessGroup {
     }
 
     /// The flight recorder of this rank: its last collectives and how they ended.
+    /// The element type the ring frames between nodes carry from now on (all-reduce,
+    /// reduce-scatter, all-gather); returns the previous one. Every rank of the job must use
+    /// the same dtype for the same collective (a mismatch is a protocol error naming both).
+    pub fn set_wire_dtype(&mut self, dtype: WireDtype) -> WireDtype {
+        std::mem::replace(&mut self.wire, dtype)
+    }
+
+    pub fn wire_dtype(&self) -> WireDtype {
+        self.wire
+    }
+
     pub fn flight_recorder(&self) -> Vec<crate::flight::Entry> {
         lock(&self.flight).entries()
     }
@@ -244,9 +263,11 @@ impl ProcessGroup {
         lock(&self.flight).submitted(id.seq, kind.name(), bytes);
         let flight = self.flight.clone();
         let rank = self.rank;
+        let wire = self.wire;
         let job: Job = Box::new(move |ex: &mut Executor| {
             lock(&flight).started(id.seq);
             ex.inter = None;
+            ex.wire = wire;
             let r = run(ex, id);
             let mut f = lock(&flight);
             f.inter_link(id.seq, ex.inter.take());
@@ -466,6 +487,8 @@ struct Executor {
     on_fail: FailHook,
     /// Time (ms) and bytes this rank spent on its inter-node lane in the current collective.
     inter: Option<(f64, u64)>,
+    /// The wire dtype of the collective being run.
+    wire: WireDtype,
 }
 
 impl Executor {
@@ -672,6 +695,9 @@ impl Executor {
                             op: id.kind.code(),
                             seq: id.seq,
                             step_base: 0,
+                            dtype: self.wire,
+                            // The all-gather half starts with this node's finished piece.
+                            round_step: (id.kind != OpKind::ReduceScatter).then_some(nn - 1),
                         };
                         self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
                     }
@@ -724,6 +750,8 @@ impl Executor {
                             op: id.kind.code(),
                             seq: id.seq,
                             step_base: 0,
+                            dtype: self.wire,
+                            round_step: Some(0),
                         };
                         self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
                     }
@@ -829,6 +857,8 @@ impl Executor {
             op: id.kind.code(),
             seq: id.seq,
             step_base: 0,
+            dtype: WireDtype::F32,
+            round_step: None,
         };
         let deadline = Instant::now() + self.timeout;
         self.on_lane(id, half * 4, deadline, LaneTask::Ring(job))
@@ -975,6 +1005,7 @@ impl Node {
                 failed: None,
                 on_fail: on_fail.clone(),
                 inter: None,
+                wire: WireDtype::F32,
             };
             let (tx, rx) = mpsc::channel::<Job>();
             let worker = std::thread::Builder::new()
@@ -1000,6 +1031,7 @@ impl Node {
                 flight: Arc::new(std::sync::Mutex::new(crate::flight::FlightRecorder::new(
                     rank,
                 ))),
+                wire: WireDtype::F32,
             });
         }
         Ok(Node {

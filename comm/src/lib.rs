@@ -24,6 +24,7 @@
 
 pub mod algo;
 pub mod bench;
+pub mod codec;
 pub mod config;
 pub mod error;
 pub mod flight;
@@ -39,3 +40,4 @@ pub use config::{NodeConfig, QuicTuning};
 pub use error::{CollectiveError, ConfigError, Error, RendezvousError, TransportError, WireError};
 pub use group::{Node, OpId, OpKind, ProcessGroup, ReduceOp, Work};
 pub use topology::{NodeInfo, RankTable};
+pub use wire::WireDtype;

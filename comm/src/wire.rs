@@ -23,22 +23,37 @@ pub const MAX_FRAME_PAYLOAD: usize = 8 << 20;
 /// The largest control message.
 pub const MAX_CONTROL_LEN: usize = 1 << 20;
 
-/// Element type on the wire. Only f32 is sent today; f16/bf16 are reserved so the header
-/// never has to change when the narrow kernels land.
+/// Element type on the wire (see [`crate::codec`] for the encodings). Reductions accumulate
+/// in f32 whatever travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
 pub enum WireDtype {
     F32 = 0,
     F16 = 1,
     Bf16 = 2,
+    /// int8 codes with one f32 scale per block of [`crate::codec::INT8_BLOCK`] elements.
+    Int8 = 3,
 }
 
 impl WireDtype {
+    pub const ALL: [WireDtype; 4] = [Self::F32, Self::F16, Self::Bf16, Self::Int8];
+
+    /// The lower-case name used in flags, configs, traces and tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+            Self::Int8 => "int8",
+        }
+    }
+
     fn from_u8(v: u8) -> Result<Self, WireError> {
         Ok(match v {
             0 => Self::F32,
             1 => Self::F16,
             2 => Self::Bf16,
+            3 => Self::Int8,
             _ => {
                 return Err(WireError::UnknownValue {
                     field: "dtype",
@@ -46,6 +61,22 @@ impl WireDtype {
                 });
             }
         })
+    }
+}
+
+impl std::fmt::Display for WireDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for WireDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("{s:?} is not a wire dtype (f32, f16, bf16, int8)"))
     }
 }
 

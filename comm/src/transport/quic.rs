@@ -9,6 +9,7 @@
 //! (1 MiB by default) pipeline the ring the way NCCL's slices do.
 
 use crate::algo::{RecvMode, RingStep};
+use crate::codec::{self, Apply};
 use crate::config::{Congestion, QuicTuning};
 use crate::error::{TransportError, WireError};
 use crate::tls::JobIdentity;
@@ -184,7 +185,9 @@ pub struct LaneLinks {
     recv: HashMap<usize, RecvStream>,
     peers: HashMap<usize, (Connection, String)>,
     frame_elems: usize,
-    scratch: Vec<f32>,
+    /// Encoded bytes of the frame being sent / received.
+    enc: Vec<u8>,
+    dec: Vec<u8>,
     pub progress: Arc<LaneProgress>,
     /// Bytes this lane has written to other nodes (frame headers included).
     pub sent: Arc<std::sync::atomic::AtomicU64>,
@@ -200,6 +203,11 @@ pub struct RingJob<'a> {
     pub op: u8,
     pub seq: u64,
     pub step_base: u32,
+    /// What the frames carry; reductions accumulate in f32 whatever travels.
+    pub dtype: WireDtype,
+    /// The step whose sent piece this node also replaces by its decoded form (its own
+    /// finished piece at the start of an all-gather), so all nodes end bit-identical.
+    pub round_step: Option<usize>,
 }
 
 fn frames(r: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
@@ -222,7 +230,8 @@ impl LaneLinks {
             recv: HashMap::new(),
             peers: HashMap::new(),
             frame_elems: frame_bytes / 4,
-            scratch: Vec::new(),
+            enc: Vec::new(),
+            dec: Vec::new(),
             progress: Arc::default(),
             sent: Arc::default(),
         }
@@ -318,9 +327,7 @@ impl LaneLinks {
     /// Executes a ring step list: sends to `next`, receives from `prev`, concurrently.
     pub async fn ring(&mut self, job: RingJob<'_>) -> Result<(), LaneError> {
         let per = self.frame_elems;
-        if self.scratch.len() < per {
-            self.scratch.resize(per, 0.0);
-        }
+        let dtype = job.dtype;
         // recv_prefix[s] = frames received once step s has completed.
         let mut recv_prefix = Vec::with_capacity(job.steps.len());
         let mut acc = 0usize;
@@ -339,7 +346,8 @@ impl LaneLinks {
         let LaneLinks {
             send,
             recv,
-            scratch,
+            enc,
+            dec,
             progress,
             sent,
             ..
@@ -363,21 +371,30 @@ impl LaneLinks {
                     }
                     // SAFETY: this frame's range is final (received or own) and the receiver
                     // writes only the current step's recv piece, which differs from it.
-                    let data = unsafe { buf.read(fr) };
+                    let data = unsafe { buf.read(fr.clone()) };
+                    let payload: &[u8] = if dtype == WireDtype::F32 {
+                        bytemuck::cast_slice(data)
+                    } else {
+                        codec::encode(dtype, data, enc);
+                        if job.round_step == Some(s) {
+                            // SAFETY: as above; nothing else touches this piece meanwhile.
+                            let own = unsafe { buf.write(fr) };
+                            codec::decode(dtype, enc, own, Apply::Set);
+                        }
+                        enc
+                    };
                     let hdr = FrameHeader {
                         op: job.op,
-                        dtype: WireDtype::F32,
+                        dtype,
                         seq: job.seq,
                         step: job.step_base + s as u32,
                         chunk: f as u32,
-                        len: (data.len() * 4) as u32,
+                        len: payload.len() as u32,
                     };
                     send.write_all(&hdr.encode()).await.map_err(Fail::Write)?;
-                    send.write_all(bytemuck::cast_slice(data))
-                        .await
-                        .map_err(Fail::Write)?;
+                    send.write_all(payload).await.map_err(Fail::Write)?;
                     sent.fetch_add(
-                        (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
+                        (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
                         std::sync::atomic::Ordering::Relaxed,
                     );
                 }
@@ -397,31 +414,31 @@ impl LaneLinks {
                         .map_err(Fail::Wire)?;
                     let want = FrameHeader {
                         op: job.op,
-                        dtype: WireDtype::F32,
+                        dtype,
                         seq: job.seq,
                         step,
                         chunk: f as u32,
-                        len: (fr.len() * 4) as u32,
+                        len: codec::encoded_len(dtype, fr.len()) as u32,
                     };
                     got.expect(&want).map_err(Fail::Wire)?;
-                    match st.mode {
-                        RecvMode::Copy => {
+                    match (st.mode, dtype) {
+                        (RecvMode::Copy, WireDtype::F32) => {
                             // SAFETY: only the receiver touches the current recv piece.
                             let dst = unsafe { buf.write(fr) };
                             recv.read_exact(bytemuck::cast_slice_mut(dst))
                                 .await
                                 .map_err(Fail::Read)?;
                         }
-                        RecvMode::Reduce => {
-                            let tmp = &mut scratch[..fr.len()];
-                            recv.read_exact(bytemuck::cast_slice_mut(tmp))
-                                .await
-                                .map_err(Fail::Read)?;
+                        (mode, _) => {
+                            dec.resize(want.len as usize, 0);
+                            recv.read_exact(dec).await.map_err(Fail::Read)?;
+                            let how = match mode {
+                                RecvMode::Copy => Apply::Set,
+                                RecvMode::Reduce => Apply::Add,
+                            };
                             // SAFETY: as above.
                             let dst = unsafe { buf.write(fr) };
-                            for (d, s) in dst.iter_mut().zip(tmp.iter()) {
-                                *d += *s;
-                            }
+                            codec::decode(dtype, dec, dst, how);
                         }
                     }
                     done += 1;

@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// Reduction for all-reduce and reduce-scatter: sum or mean.
     #[arg(long, default_value = "sum")]
     pub reduce: String,
+    /// Element type between nodes for all-reduce, reduce-scatter and all-gather: f32, f16,
+    /// bf16 or int8 (block-quantized, one f32 scale per 128 values). Sums accumulate in f32.
+    #[arg(long, default_value = "f32")]
+    pub wire_dtype: wiretrain_comm::WireDtype,
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -99,6 +103,7 @@ impl BenchArgs {
             warmup: self.warmup,
             check: self.check,
             reduce,
+            wire: self.wire_dtype,
         })
     }
 }
