@@ -21,6 +21,8 @@ pub struct Entry {
     pub seq: u64,
     pub op: &'static str,
     pub bytes: usize,
+    /// Element type between nodes ("f32", "bf16", ...).
+    pub wire: &'static str,
     pub submitted_ms: f64,
     pub started_ms: Option<f64>,
     pub finished_ms: Option<f64>,
@@ -85,7 +87,7 @@ impl FlightRecorder {
         self.entries.iter_mut().rev().find(|e| e.seq == seq)
     }
 
-    pub fn submitted(&mut self, seq: u64, op: &'static str, bytes: usize) {
+    pub fn submitted(&mut self, seq: u64, op: &'static str, bytes: usize, wire: &'static str) {
         if self.entries.len() == CAPACITY {
             self.entries.pop_front();
         }
@@ -94,6 +96,7 @@ impl FlightRecorder {
             seq,
             op,
             bytes,
+            wire,
             submitted_ms,
             started_ms: None,
             finished_ms: None,
@@ -182,11 +185,11 @@ mod tests {
     fn keeps_the_last_collectives_and_their_outcome() {
         let mut f = FlightRecorder::new(3);
         for seq in 1..=(CAPACITY as u64 + 10) {
-            f.submitted(seq, "all_reduce", 4 * seq as usize);
+            f.submitted(seq, "all_reduce", 4 * seq as usize, "f32");
             f.started(seq);
             f.finished(seq, None);
         }
-        f.submitted(1000, "all_gather", 64);
+        f.submitted(1000, "all_gather", 64, "f32");
         f.started(1000);
         f.finished(1000, Some("connection to node 1 lost".into()));
         let e = f.entries();

@@ -260,10 +260,17 @@ impl ProcessGroup {
             seq: self.next_seq,
         };
         let (rtx, rx) = mpsc::sync_channel(1);
-        lock(&self.flight).submitted(id.seq, kind.name(), bytes);
+        let wire = match kind {
+            OpKind::AllReduce
+            | OpKind::ReduceScatter
+            | OpKind::AllGather
+            | OpKind::HybridReduce
+            | OpKind::Barrier => self.wire,
+            _ => WireDtype::F32,
+        };
+        lock(&self.flight).submitted(id.seq, kind.name(), bytes, wire.name());
         let flight = self.flight.clone();
         let rank = self.rank;
-        let wire = self.wire;
         let job: Job = Box::new(move |ex: &mut Executor| {
             lock(&flight).started(id.seq);
             ex.inter = None;

@@ -217,7 +217,7 @@ pub fn add_comm_track(pg: &mut ProcessGroup) {
                         "op": e.op, "seq": e.seq, "bytes": e.bytes, "state": e.state,
                         "started_us": e.started_ms.map(at),
                         "inter_ms": e.inter_ms, "inter_bytes": e.inter_bytes,
-                        "peer_nodes": peers, "wire_dtype": "f32",
+                        "peer_nodes": peers, "wire_dtype": e.wire,
                     }),
                 }
             })

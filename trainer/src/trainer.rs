@@ -19,7 +19,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
+use wiretrain_comm::{ProcessGroup, ReduceOp, WireDtype, Work};
 
 mod ckpt;
 mod zero3;
@@ -51,6 +51,10 @@ pub struct TrainerConfig {
     pub bucket_bytes: usize,
     /// ZeRO-3: unit all-gathers in flight ahead of the unit computing (0 = no prefetch).
     pub prefetch: usize,
+    /// Element type between nodes for gradient reductions and parameter gathers (f32, f16,
+    /// bf16, int8). Sums accumulate in f32; master weights and optimizer state stay f32 on
+    /// their owner; every rank computes with the same (decoded) parameters.
+    pub wire: WireDtype,
 }
 
 impl TrainerConfig {
@@ -61,6 +65,7 @@ impl TrainerConfig {
             lr: 1e-3,
             bucket_bytes: 25 << 20,
             prefetch: 1,
+            wire: WireDtype::F32,
         }
     }
 }
@@ -101,6 +106,9 @@ pub struct Trainer<M: Module> {
     params: Vec<f32>,
     buckets: Vec<Range<usize>>,
     owned: Vec<Range<usize>>,
+    /// ZeRO-1/2 and hybrid: the f32 master of the owned elements (concatenated). `params`
+    /// holds what the model computes with, which a narrow wire dtype rounds.
+    master: Vec<f32>,
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
@@ -182,6 +190,7 @@ impl<M: Module> Trainer<M> {
             }
             None => (layout.unflatten(model, &params), params),
         };
+        let master = owned_master(cfg.strategy, &owned, &params);
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), owned_len);
         let max_bucket = buckets.iter().map(|b| b.len()).max().unwrap_or(0);
         let memory = MemoryReport {
@@ -205,6 +214,7 @@ impl<M: Module> Trainer<M> {
             params,
             buckets,
             owned,
+            master,
             opt,
             memory,
             stop: None,
@@ -243,7 +253,13 @@ impl<M: Module> Trainer<M> {
         let mut works = Vec::with_capacity(self.buckets.len());
         for b in &self.buckets {
             let n = zero3::unit_share(&self.pg, hsdp, b.len());
-            let w = zero3::issue_gather(&mut self.pg, hsdp, &self.params[at..at + n], b.len());
+            let w = zero3::issue_gather(
+                &mut self.pg,
+                hsdp,
+                WireDtype::F32,
+                &self.params[at..at + n],
+                b.len(),
+            );
             at += n;
             works.push((b.clone(), w));
         }
@@ -339,7 +355,9 @@ impl<M: Module> Trainer<M> {
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
                     scale(&mut flat, grad_scale);
+                    let prev = self.pg.set_wire_dtype(self.cfg.wire);
                     works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
+                    self.pg.set_wire_dtype(prev);
                 }
                 drop(sp);
                 compute += tf.elapsed();
@@ -374,7 +392,7 @@ impl<M: Module> Trainer<M> {
                     compute += tf.elapsed();
                     let n = zero3::unit_share(&self.pg, node, b.len());
                     let sp = span("issue reduce", "comm");
-                    let w = zero3::issue_reduce(&mut self.pg, node, flat);
+                    let w = zero3::issue_reduce(&mut self.pg, node, self.cfg.wire, flat);
                     drop(sp);
                     if self.cfg.strategy == Strategy::Zero1 {
                         pending.push((at, w));
@@ -399,11 +417,9 @@ impl<M: Module> Trainer<M> {
                 comm += tw.elapsed();
                 t_opt = Instant::now();
                 let sp = span("optimizer", "optim");
-                let mut pshard: Vec<f32> = Vec::with_capacity(owned_len);
-                for r in &self.owned {
-                    pshard.extend_from_slice(&self.params[r.clone()]);
-                }
-                self.opt.step(self.cfg.lr, &mut pshard, &gshard);
+                debug_assert_eq!(self.master.len(), owned_len);
+                self.opt.step(self.cfg.lr, &mut self.master, &gshard);
+                let pshard = &self.master;
                 drop(sp);
                 let opt_time = t_opt.elapsed();
                 // Gather the updated shares, bucket by bucket, all in flight at once.
@@ -413,7 +429,13 @@ impl<M: Module> Trainer<M> {
                 let mut at = 0;
                 for b in &self.buckets {
                     let n = zero3::unit_share(&self.pg, node, b.len());
-                    let w = zero3::issue_gather(&mut self.pg, node, &pshard[at..at + n], b.len());
+                    let w = zero3::issue_gather(
+                        &mut self.pg,
+                        node,
+                        self.cfg.wire,
+                        &pshard[at..at + n],
+                        b.len(),
+                    );
                     at += n;
                     works.push((b.clone(), w));
                 }
@@ -483,6 +505,18 @@ impl<M: Module> Trainer<M> {
             sent_bytes: self.pg.bytes_sent() - self.sent_at_start,
             stop,
         })
+    }
+}
+
+/// The f32 master copy ZeRO-1/2 and hybrid keep of their owned elements (empty for DDP, whose
+/// `params` are the master, and for ZeRO-3/HSDP, whose `params` hold only the owned shard).
+fn owned_master(strategy: Strategy, owned: &[Range<usize>], params: &[f32]) -> Vec<f32> {
+    match strategy {
+        Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => owned
+            .iter()
+            .flat_map(|r| params[r.clone()].iter().copied())
+            .collect(),
+        Strategy::Ddp | Strategy::Zero3 | Strategy::Hsdp => Vec::new(),
     }
 }
 

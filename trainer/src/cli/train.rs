@@ -22,7 +22,7 @@ use wiretrain::plot::{PlotPoint, plot_run};
 use wiretrain::strategy::Strategy;
 use wiretrain::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
 use wiretrain::units::{Act, Units};
-use wiretrain_comm::Node;
+use wiretrain_comm::{Node, WireDtype};
 
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
@@ -62,6 +62,10 @@ pub struct TrainArgs {
     /// ZeRO-3: unit all-gathers in flight ahead of the computing unit (0 turns prefetch off).
     #[arg(long)]
     pub prefetch: Option<usize>,
+    /// Element type of gradients and parameters between nodes: f32, f16, bf16, int8 (one f32
+    /// scale per 128 values). Sums accumulate in f32; masters and optimizer state stay f32.
+    #[arg(long)]
+    pub wire_dtype: Option<String>,
     /// Write a PNG plot of loss and throughput here (default: the metrics path with .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -113,6 +117,7 @@ struct FileConfig {
     bucket_bytes: Option<usize>,
     accumulate: Option<usize>,
     prefetch: Option<usize>,
+    wire_dtype: Option<String>,
     plot: Option<PathBuf>,
     d_model: Option<usize>,
     layers: Option<usize>,
@@ -144,6 +149,7 @@ struct Run {
     bucket_bytes: usize,
     accumulate: usize,
     prefetch: usize,
+    wire: WireDtype,
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
@@ -219,6 +225,13 @@ impl TrainArgs {
         if prefetch > 16 {
             bail!("--prefetch: {prefetch} units ahead is more than 16");
         }
+        let wire: WireDtype = self
+            .wire_dtype
+            .clone()
+            .or(file.wire_dtype)
+            .unwrap_or_else(|| "f32".into())
+            .parse()
+            .map_err(|e| anyhow::anyhow!("--wire-dtype: {e}"))?;
         let plot = self
             .plot
             .clone()
@@ -257,6 +270,7 @@ impl TrainArgs {
             bucket_bytes,
             accumulate,
             prefetch,
+            wire,
             plot,
             d_model,
             layers,
@@ -370,6 +384,7 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
     tc.lr = sh.run.lr;
     tc.bucket_bytes = sh.run.bucket_bytes;
     tc.prefetch = sh.run.prefetch;
+    tc.wire = sh.run.wire;
     match sh.data.clone() {
         Data::Mlp(data) => train_model(
             Mlp::new(&device, sh.run.seed),
@@ -659,6 +674,7 @@ fn train_loop<M: Module>(
             "params_total": trainer.layout().total(),
             "largest_bucket_elems": trainer.largest_bucket(),
             "prefetch": run.prefetch,
+            "wire_dtype": run.wire.name(),
             "memory_per_rank": per_rank,
         });
         writeln!(o, "{summary}")?;

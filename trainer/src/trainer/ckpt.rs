@@ -51,13 +51,15 @@ impl<M: Module> Trainer<M> {
 
     /// This rank's owned element ranges, the parameters over them and its optimizer state.
     fn shard_data(&self) -> Result<(ShardData, ExportedState), TrainError> {
-        let params: Vec<f32> = if self.cfg.strategy.shards_params() {
-            self.params.clone()
-        } else {
-            self.owned
+        let params: Vec<f32> = match self.cfg.strategy {
+            Strategy::Zero3 | Strategy::Hsdp => self.params.clone(),
+            // The f32 master, not the compute copy a narrow wire dtype rounds.
+            Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => self.master.clone(),
+            Strategy::Ddp => self
+                .owned
                 .iter()
                 .flat_map(|r| self.params[r.clone()].iter().copied())
-                .collect()
+                .collect(),
         };
         let state = self.opt.export_state().map_err(TrainError::Config)?;
         Ok((
@@ -300,6 +302,7 @@ impl<M: Module> Trainer<M> {
             self.params = data.params;
         } else {
             self.params = ck.read_params()?;
+            self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
             let model = self.model.take().expect("model present between steps");
             self.model = Some(self.layout.unflatten(model, &self.params));
         }

@@ -23,7 +23,7 @@ use burn::tensor::{Device, Tensor, TensorData};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::{Duration, Instant};
-use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
+use wiretrain_comm::{ProcessGroup, ReduceOp, WireDtype, Work};
 
 /// Unit ranges of the flat layout: unit `u` owns a contiguous run of entries, units in order.
 pub(super) fn unit_ranges<M: Units>(
@@ -150,6 +150,7 @@ pub(super) fn unit_share(pg: &ProcessGroup, hsdp: bool, len: usize) -> usize {
 pub(super) fn issue_gather(
     pg: &mut ProcessGroup,
     hsdp: bool,
+    wire: WireDtype,
     share: &[f32],
     len: usize,
 ) -> Work<Vec<f32>> {
@@ -160,20 +161,32 @@ pub(super) fn issue_gather(
         buf[r].copy_from_slice(&share[at..at + n]);
         at += n;
     }
-    if hsdp {
+    let prev = pg.set_wire_dtype(wire);
+    let w = if hsdp {
         pg.node_gather_in_place(buf)
     } else {
         pg.all_gather_in_place(buf)
-    }
+    };
+    pg.set_wire_dtype(prev);
+    w
 }
 
 /// Starts the mean reduction of a unit's full gradient so that this rank ends with its share.
-pub(super) fn issue_reduce(pg: &mut ProcessGroup, hsdp: bool, flat: Vec<f32>) -> Work<Vec<f32>> {
-    if hsdp {
+/// The wire dtype applies to this collective only (bookkeeping collectives stay f32).
+pub(super) fn issue_reduce(
+    pg: &mut ProcessGroup,
+    hsdp: bool,
+    wire: WireDtype,
+    flat: Vec<f32>,
+) -> Work<Vec<f32>> {
+    let prev = pg.set_wire_dtype(wire);
+    let w = if hsdp {
         pg.hybrid_reduce_in_place(flat, ReduceOp::Mean)
     } else {
         pg.reduce_scatter_in_place(flat, ReduceOp::Mean)
-    }
+    };
+    pg.set_wire_dtype(prev);
+    w
 }
 
 /// Copies this rank's share of a reduced unit buffer into `out`.
@@ -250,7 +263,7 @@ impl<M: Units> Trainer<M> {
             let sp = crate::trace::span("issue gathers", "comm");
             while next < n && next <= u + ahead {
                 let share = &self.params[shard_of[next].clone()];
-                let w = issue_gather(&mut self.pg, hsdp, share, units[next].len());
+                let w = issue_gather(&mut self.pg, hsdp, self.cfg.wire, share, units[next].len());
                 gathers.push_back((next, w));
                 next += 1;
             }
@@ -291,7 +304,13 @@ impl<M: Units> Trainer<M> {
             while next_back > 0 && next_back + ahead > u {
                 next_back -= 1;
                 let share = &self.params[shard_of[next_back].clone()];
-                let w = issue_gather(&mut self.pg, hsdp, share, units[next_back].len());
+                let w = issue_gather(
+                    &mut self.pg,
+                    hsdp,
+                    self.cfg.wire,
+                    share,
+                    units[next_back].len(),
+                );
                 back.push_back((next_back, w));
             }
             drop(sp);
@@ -340,7 +359,7 @@ impl<M: Units> Trainer<M> {
                 take_share(&self.pg, hsdp, &buf, &mut gshard[shard_of[pu].clone()]);
             }
             let _s = crate::trace::span("issue reduce", "comm");
-            pending = Some((u, issue_reduce(&mut self.pg, hsdp, flat)));
+            pending = Some((u, issue_reduce(&mut self.pg, hsdp, self.cfg.wire, flat)));
         }
         if let Some((pu, w)) = pending.take() {
             let buf = timed(w, &mut comm)?;
