@@ -1,0 +1,623 @@
+//! Pipelines, buffers and chunked dispatch of the WGSL kernels.
+
+use crate::ShaderError;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicU64, Ordering};
+use wgpu::util::DeviceExt;
+
+/// Elements per chunk are a multiple of this, so every sub-range offset (f32, packed 16-bit,
+/// int8 codes, one scale per 128) stays aligned to the 256-byte storage offset alignment.
+const CHUNK_QUANTUM: usize = 1 << 16;
+/// The most workgroups in one dispatch dimension (WebGPU's guaranteed limit).
+const MAX_GROUPS: u32 = 65_535;
+
+/// A 16-bit float format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Half {
+    F16,
+    Bf16,
+}
+
+/// Hyper-parameters of one AdamW step (Burn's AdamW semantics).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamWHyper {
+    pub lr: f64,
+    pub beta1: f32,
+    pub beta2: f32,
+    pub eps: f32,
+    pub weight_decay: f32,
+}
+
+/// How many times each kernel ran (calls, not chunks).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub cast: u64,
+    pub reduce: u64,
+    pub adamw: u64,
+    pub quantize: u64,
+    pub dequantize: u64,
+}
+
+#[derive(Default)]
+struct AtomicCounters {
+    cast: AtomicU64,
+    reduce: AtomicU64,
+    adamw: AtomicU64,
+    quantize: AtomicU64,
+    dequantize: AtomicU64,
+}
+
+/// The device state of AdamW on one flat shard.
+#[derive(Debug)]
+pub struct AdamWShard {
+    pub param: GpuBuf,
+    pub m: GpuBuf,
+    pub v: GpuBuf,
+    n: usize,
+    /// Steps taken.
+    pub t: u32,
+}
+
+impl AdamWShard {
+    pub fn len(&self) -> usize {
+        self.n
+    }
+    pub fn is_empty(&self) -> bool {
+        self.n == 0
+    }
+}
+
+/// A storage buffer of `words` 4-byte words (f32 values, or packed 16-bit / int8 codes).
+#[derive(Debug)]
+pub struct GpuBuf {
+    buffer: wgpu::Buffer,
+    words: usize,
+}
+
+impl GpuBuf {
+    pub fn words(&self) -> usize {
+        self.words
+    }
+    pub fn buffer(&self) -> &wgpu::Buffer {
+        &self.buffer
+    }
+}
+
+/// The compiled kernels of one device.
+pub struct Kernels {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    to_f16: wgpu::ComputePipeline,
+    to_bf16: wgpu::ComputePipeline,
+    from_f16: wgpu::ComputePipeline,
+    from_bf16: wgpu::ComputePipeline,
+    reduce: wgpu::ComputePipeline,
+    adamw: wgpu::ComputePipeline,
+    quantize: wgpu::ComputePipeline,
+    dequantize: wgpu::ComputePipeline,
+    chunk: usize,
+    counters: AtomicCounters,
+    description: String,
+}
+
+impl std::fmt::Debug for Kernels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernels")
+            .field("device", &self.description)
+            .field("chunk_elems", &self.chunk)
+            .finish_non_exhaustive()
+    }
+}
+
+fn pipeline(
+    device: &wgpu::Device,
+    module: &wgpu::ShaderModule,
+    entry: &str,
+) -> wgpu::ComputePipeline {
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(entry),
+        layout: None,
+        module,
+        entry_point: Some(entry),
+        compilation_options: Default::default(),
+        cache: None,
+    })
+}
+
+fn module(device: &wgpu::Device, name: &str, src: &str) -> wgpu::ShaderModule {
+    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(name),
+        source: wgpu::ShaderSource::Wgsl(src.into()),
+    })
+}
+
+/// Packs uniform fields (4-byte words) padded to 16 bytes.
+fn uniform(words: &[u32]) -> Vec<u8> {
+    let mut v: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    v.resize(v.len().div_ceil(16) * 16, 0);
+    v
+}
+
+/// A (x, y) workgroup grid covering `groups` groups.
+fn grid(groups: usize) -> (u32, u32) {
+    let g = groups.max(1) as u64;
+    let x = g.min(MAX_GROUPS as u64);
+    (x as u32, g.div_ceil(x) as u32)
+}
+
+impl Kernels {
+    /// Builds every pipeline on `device` (the one Burn uses, or any other).
+    pub fn new(device: wgpu::Device, queue: wgpu::Queue, description: String) -> Self {
+        let cast = module(&device, "cast", include_str!("wgsl/cast.wgsl"));
+        let reduce = module(&device, "reduce", include_str!("wgsl/reduce.wgsl"));
+        let adamw = module(&device, "adamw", include_str!("wgsl/adamw.wgsl"));
+        let quant = module(&device, "quant", include_str!("wgsl/quant.wgsl"));
+        let dequant = module(&device, "dequant", include_str!("wgsl/dequant.wgsl"));
+        let limit = device.limits().max_storage_buffer_binding_size as usize;
+        let chunk = ((limit / 4) / CHUNK_QUANTUM).max(1) * CHUNK_QUANTUM;
+        Self {
+            to_f16: pipeline(&device, &cast, "to_f16"),
+            to_bf16: pipeline(&device, &cast, "to_bf16"),
+            from_f16: pipeline(&device, &cast, "from_f16"),
+            from_bf16: pipeline(&device, &cast, "from_bf16"),
+            reduce: pipeline(&device, &reduce, "main"),
+            adamw: pipeline(&device, &adamw, "main"),
+            quantize: pipeline(&device, &quant, "quantize"),
+            dequantize: pipeline(&device, &dequant, "dequantize"),
+            device,
+            queue,
+            chunk,
+            counters: AtomicCounters::default(),
+            description,
+        }
+    }
+
+    /// Kernels on a device of their own: the first hardware adapter, else a software one
+    /// (lavapipe), Vulkan/Metal/DX12 only (never GL). For tests and benchmarks.
+    pub fn standalone() -> Result<Self, ShaderError> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends: wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let mut adapters = futures_lite::future::block_on(instance.enumerate_adapters(
+            wgpu::Backends::VULKAN | wgpu::Backends::METAL | wgpu::Backends::DX12,
+        ));
+        // Hardware first.
+        adapters.sort_by_key(|a| a.get_info().device_type == wgpu::DeviceType::Cpu);
+        let adapter = adapters
+            .into_iter()
+            .next()
+            .ok_or_else(|| ShaderError::NoAdapter("no Vulkan, Metal or DX12 adapter".into()))?;
+        let info = adapter.get_info();
+        let (device, queue) =
+            futures_lite::future::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+                label: Some("wiretrain-shaders"),
+                required_limits: adapter.limits(),
+                ..Default::default()
+            }))?;
+        let desc = format!("{:?} {} ({:?})", info.backend, info.name, info.device_type);
+        Ok(Self::new(device, queue, desc))
+    }
+
+    /// Processes buffers in chunks of at most `elems` elements (rounded up to a multiple of
+    /// 65536): tests use it to exercise the multi-chunk path on small buffers.
+    pub fn with_chunk_elems(mut self, elems: usize) -> Self {
+        self.chunk = elems.div_ceil(CHUNK_QUANTUM).max(1) * CHUNK_QUANTUM;
+        self
+    }
+
+    pub fn chunk_elems(&self) -> usize {
+        self.chunk
+    }
+
+    pub fn description(&self) -> &str {
+        &self.description
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.device
+    }
+
+    pub fn counters(&self) -> Counters {
+        let c = &self.counters;
+        Counters {
+            cast: c.cast.load(Ordering::Relaxed),
+            reduce: c.reduce.load(Ordering::Relaxed),
+            adamw: c.adamw.load(Ordering::Relaxed),
+            quantize: c.quantize.load(Ordering::Relaxed),
+            dequantize: c.dequantize.load(Ordering::Relaxed),
+        }
+    }
+
+    fn check_size(&self, bytes: u64) -> Result<(), ShaderError> {
+        let max = self.device.limits().max_buffer_size;
+        if bytes > max {
+            return Err(ShaderError::TooLarge { bytes, max });
+        }
+        Ok(())
+    }
+
+    /// A zeroed buffer of `words` words.
+    pub fn zeros(&self, words: usize) -> Result<GpuBuf, ShaderError> {
+        let bytes = (4 * words.max(1)) as u64;
+        self.check_size(bytes)?;
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wiretrain"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(GpuBuf { buffer, words })
+    }
+
+    /// A buffer holding `data` (f32 values or u32 words).
+    pub fn upload<T: bytemuck::Pod>(&self, data: &[T]) -> Result<GpuBuf, ShaderError> {
+        let words = std::mem::size_of_val(data) / 4;
+        let buf = self.zeros(words)?;
+        self.write(&buf, data)?;
+        Ok(buf)
+    }
+
+    /// Overwrites the start of `buf` with `data`.
+    pub fn write<T: bytemuck::Pod>(&self, buf: &GpuBuf, data: &[T]) -> Result<(), ShaderError> {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        if bytes.len() > 4 * buf.words {
+            return Err(ShaderError::TooSmall {
+                what: "write",
+                have: buf.words,
+                need: bytes.len().div_ceil(4),
+            });
+        }
+        if !bytes.is_empty() {
+            self.queue.write_buffer(&buf.buffer, 0, bytes);
+        }
+        Ok(())
+    }
+
+    /// Reads the first `words` words of `buf` back (waits for all submitted work).
+    pub fn read<T: bytemuck::Pod>(
+        &self,
+        buf: &GpuBuf,
+        words: usize,
+    ) -> Result<Vec<T>, ShaderError> {
+        need("read", buf, words)?;
+        let bytes = (4 * words) as u64;
+        if bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wiretrain readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&buf.buffer, 0, &staging, 0, bytes);
+        self.queue.submit([enc.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device.poll(wgpu::PollType::wait_indefinitely())?;
+        rx.recv().unwrap_or(Err(wgpu::BufferAsyncError))?;
+        let out = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| ShaderError::MapRange(e.to_string()))?;
+            bytemuck::pod_collect_to_vec::<u8, T>(&view[..])
+        };
+        staging.unmap();
+        Ok(out)
+    }
+
+    /// Waits until every submitted kernel has finished.
+    pub fn sync(&self) -> Result<(), ShaderError> {
+        self.device.poll(wgpu::PollType::wait_indefinitely())?;
+        Ok(())
+    }
+
+    /// Encodes one dispatch per chunk of `n` elements and submits them together. `bind`
+    /// gives a chunk's bindings as (binding, buffer, byte offset, byte size) and its uniform
+    /// words; `groups` gives its workgroup count.
+    fn dispatch<'b>(
+        &self,
+        pipe: &wgpu::ComputePipeline,
+        n: usize,
+        bind: impl Fn(usize, usize) -> (Vec<(u32, &'b wgpu::Buffer, u64, u64)>, Vec<u32>),
+        groups: impl Fn(usize) -> usize,
+    ) {
+        if n == 0 {
+            return;
+        }
+        let layout = pipe.get_bind_group_layout(0);
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        let mut start = 0;
+        while start < n {
+            let end = (start + self.chunk).min(n);
+            let (bufs, words) = bind(start, end);
+            let uni = self
+                .device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some("wiretrain params"),
+                    contents: &uniform(&words),
+                    usage: wgpu::BufferUsages::UNIFORM,
+                });
+            let mut entries: Vec<wgpu::BindGroupEntry> = bufs
+                .iter()
+                .map(|&(binding, buffer, offset, size)| wgpu::BindGroupEntry {
+                    binding,
+                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                        buffer,
+                        offset,
+                        size: NonZeroU64::new(size.max(4)),
+                    }),
+                })
+                .collect();
+            entries.push(wgpu::BindGroupEntry {
+                binding: bufs.len() as u32,
+                resource: uni.as_entire_binding(),
+            });
+            let bg = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &layout,
+                entries: &entries,
+            });
+            let (x, y) = grid(groups(end - start));
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(pipe);
+                pass.set_bind_group(0, &bg, &[]);
+                pass.dispatch_workgroups(x, y, 1);
+            }
+            start = end;
+        }
+        self.queue.submit([enc.finish()]);
+    }
+
+    /// Casts `n` f32 values to `half`, packed two per u32 (`ceil(n / 2)` words).
+    pub fn cast_to_half(&self, half: Half, src: &GpuBuf, n: usize) -> Result<GpuBuf, ShaderError> {
+        need("cast source", src, n)?;
+        let dst = self.zeros(n.div_ceil(2))?;
+        let pipe = match half {
+            Half::F16 => &self.to_f16,
+            Half::Bf16 => &self.to_bf16,
+        };
+        self.dispatch(
+            pipe,
+            n,
+            |a, b| {
+                let m = (b - a) as u64;
+                (
+                    vec![
+                        (0, &src.buffer, 4 * a as u64, 4 * m),
+                        (1, &dst.buffer, 2 * a as u64, 4 * m.div_ceil(2)),
+                    ],
+                    vec![m as u32],
+                )
+            },
+            |m| m.div_ceil(2).div_ceil(256),
+        );
+        self.counters.cast.fetch_add(1, Ordering::Relaxed);
+        Ok(dst)
+    }
+
+    /// Expands `n` packed 16-bit values back to f32 (`n` words).
+    pub fn cast_from_half(
+        &self,
+        half: Half,
+        src: &GpuBuf,
+        n: usize,
+    ) -> Result<GpuBuf, ShaderError> {
+        need("cast source", src, n.div_ceil(2))?;
+        let dst = self.zeros(n)?;
+        let pipe = match half {
+            Half::F16 => &self.from_f16,
+            Half::Bf16 => &self.from_bf16,
+        };
+        self.dispatch(
+            pipe,
+            n,
+            |a, b| {
+                let m = (b - a) as u64;
+                (
+                    vec![
+                        (0, &src.buffer, 2 * a as u64, 4 * m.div_ceil(2)),
+                        (1, &dst.buffer, 4 * a as u64, 4 * m),
+                    ],
+                    vec![m as u32],
+                )
+            },
+            |m| m.div_ceil(256),
+        );
+        self.counters.cast.fetch_add(1, Ordering::Relaxed);
+        Ok(dst)
+    }
+
+    /// `out[..n] = scale * sum(inputs[k][..n])`, accumulated in f32, in passes of four inputs.
+    pub fn reduce(
+        &self,
+        inputs: &[&GpuBuf],
+        out: &GpuBuf,
+        n: usize,
+        scale: f32,
+    ) -> Result<(), ShaderError> {
+        need("reduce output", out, n)?;
+        for b in inputs {
+            need("reduce input", b, n)?;
+        }
+        if inputs.iter().any(|b| std::ptr::eq(*b, out)) {
+            return Err(ShaderError::Aliased);
+        }
+        if inputs.is_empty() {
+            return Err(ShaderError::TooSmall {
+                what: "reduce inputs",
+                have: 0,
+                need: 1,
+            });
+        }
+        let passes: Vec<&[&GpuBuf]> = inputs.chunks(4).collect();
+        for (k, pass) in passes.iter().enumerate() {
+            let last = k + 1 == passes.len();
+            let s = if last { scale } else { 1.0 };
+            self.dispatch(
+                &self.reduce,
+                n,
+                |a, b| {
+                    let (o, sz) = (4 * a as u64, 4 * (b - a) as u64);
+                    let mut v = vec![(0, &out.buffer, o, sz)];
+                    for slot in 0..4 {
+                        // Unused slots repeat the first input; `count` masks them.
+                        let src = pass.get(slot).unwrap_or(&pass[0]);
+                        v.push((slot as u32 + 1, &src.buffer, o, sz));
+                    }
+                    (
+                        v,
+                        vec![
+                            (b - a) as u32,
+                            pass.len() as u32,
+                            u32::from(k > 0),
+                            s.to_bits(),
+                        ],
+                    )
+                },
+                |m| m.div_ceil(256),
+            );
+        }
+        self.counters.reduce.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A shard's AdamW buffers on this device: `params` uploaded, m and v zero, no step yet.
+    pub fn adamw_shard(&self, params: &[f32]) -> Result<AdamWShard, ShaderError> {
+        let n = params.len();
+        Ok(AdamWShard {
+            param: self.upload(params)?,
+            m: self.zeros(n)?,
+            v: self.zeros(n)?,
+            n,
+            t: 0,
+        })
+    }
+
+    /// One fused AdamW step of `shard` with gradient `grad`: one dispatch (per chunk), in
+    /// place on the shard's param, m and v.
+    pub fn adamw_step(
+        &self,
+        shard: &mut AdamWShard,
+        grad: &GpuBuf,
+        h: &AdamWHyper,
+    ) -> Result<(), ShaderError> {
+        let AdamWShard { param, m, v, n, t } = shard;
+        let (param, m, v, n) = (&*param, &*m, &*v, *n);
+        for (what, b) in [("param", param), ("grad", grad), ("m", m), ("v", v)] {
+            need(what, b, n)?;
+        }
+        *t += 1;
+        let t = (*t).min(i32::MAX as u32) as i32;
+        // The scalars exactly as Burn computes them (f32 powi; lr and decay from f64).
+        let bias1 = 1.0f32 - h.beta1.powi(t);
+        let bias2 = 1.0f32 - h.beta2.powi(t);
+        let decay = (1.0 - h.lr * f64::from(h.weight_decay)) as f32;
+        let lr = h.lr as f32;
+        self.dispatch(
+            &self.adamw,
+            n,
+            |a, b| {
+                let (o, sz) = (4 * a as u64, 4 * (b - a) as u64);
+                (
+                    vec![
+                        (0, &param.buffer, o, sz),
+                        (1, &grad.buffer, o, sz),
+                        (2, &m.buffer, o, sz),
+                        (3, &v.buffer, o, sz),
+                    ],
+                    vec![
+                        (b - a) as u32,
+                        h.beta1.to_bits(),
+                        h.beta2.to_bits(),
+                        (1.0 - h.beta1).to_bits(),
+                        (1.0 - h.beta2).to_bits(),
+                        bias1.to_bits(),
+                        bias2.to_bits(),
+                        h.eps.to_bits(),
+                        lr.to_bits(),
+                        decay.to_bits(),
+                    ],
+                )
+            },
+            |m| m.div_ceil(256),
+        );
+        self.counters.adamw.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Quantizes `n` f32 values: (codes, four per word: `ceil(n / 4)` words; scales, one per
+    /// 128 values).
+    pub fn quantize_int8(&self, src: &GpuBuf, n: usize) -> Result<(GpuBuf, GpuBuf), ShaderError> {
+        need("quantize source", src, n)?;
+        let codes = self.zeros(n.div_ceil(4))?;
+        let scales = self.zeros(n.div_ceil(128))?;
+        self.dispatch(
+            &self.quantize,
+            n,
+            |a, b| {
+                let m = (b - a) as u64;
+                (
+                    vec![
+                        (0, &src.buffer, 4 * a as u64, 4 * m),
+                        (1, &codes.buffer, a as u64, 4 * m.div_ceil(4)),
+                        (2, &scales.buffer, 4 * (a / 128) as u64, 4 * m.div_ceil(128)),
+                    ],
+                    vec![m as u32],
+                )
+            },
+            |m| m.div_ceil(128),
+        );
+        self.counters.quantize.fetch_add(1, Ordering::Relaxed);
+        Ok((codes, scales))
+    }
+
+    /// The inverse of [`Self::quantize_int8`]: `n` f32 values.
+    pub fn dequantize_int8(
+        &self,
+        codes: &GpuBuf,
+        scales: &GpuBuf,
+        n: usize,
+    ) -> Result<GpuBuf, ShaderError> {
+        need("codes", codes, n.div_ceil(4))?;
+        need("scales", scales, n.div_ceil(128))?;
+        let out = self.zeros(n)?;
+        self.dispatch(
+            &self.dequantize,
+            n,
+            |a, b| {
+                let m = (b - a) as u64;
+                (
+                    vec![
+                        (0, &codes.buffer, a as u64, 4 * m.div_ceil(4)),
+                        (1, &scales.buffer, 4 * (a / 128) as u64, 4 * m.div_ceil(128)),
+                        (2, &out.buffer, 4 * a as u64, 4 * m),
+                    ],
+                    vec![m as u32],
+                )
+            },
+            |m| m.div_ceil(256),
+        );
+        self.counters.dequantize.fetch_add(1, Ordering::Relaxed);
+        Ok(out)
+    }
+}
+
+fn need(what: &'static str, b: &GpuBuf, words: usize) -> Result<(), ShaderError> {
+    if b.words < words {
+        return Err(ShaderError::TooSmall {
+            what,
+            have: b.words,
+            need: words,
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,41 @@
+// out = (out_or_zero + in0 + in1 + in2 + in3 [first `count` inputs]) * scale, in f32.
+// N buffers are reduced in passes of up to 4: the first pass starts from zero
+// (accumulate = 0), later ones add to `out`; only the last pass applies the scale.
+
+struct Params {
+    n: u32,
+    count: u32,
+    accumulate: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> out: array<f32>;
+@group(0) @binding(1) var<storage, read> in0: array<f32>;
+@group(0) @binding(2) var<storage, read> in1: array<f32>;
+@group(0) @binding(3) var<storage, read> in2: array<f32>;
+@group(0) @binding(4) var<storage, read> in3: array<f32>;
+@group(0) @binding(5) var<uniform> p: Params;
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let i = (wg.y * nwg.x + wg.x) * 256u + li;
+    if (i >= p.n) {
+        return;
+    }
+    var acc = 0.0;
+    if (p.accumulate != 0u) {
+        acc = out[i];
+    }
+    acc = acc + in0[i];
+    if (p.count > 1u) {
+        acc = acc + in1[i];
+    }
+    if (p.count > 2u) {
+        acc = acc + in2[i];
+    }
+    if (p.count > 3u) {
+        acc = acc + in3[i];
+    }
+    out[i] = acc * p.scale;
+}
