@@ -10,7 +10,8 @@
 use burn::tensor::Device;
 use burn::tensor::DeviceKind;
 use burn::tensor::wgpu::WgpuBackend;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+use wiretrain_shaders::Kernels;
 
 /// A parsed device spec.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,6 +44,24 @@ impl std::str::FromStr for DeviceSpec {
 pub struct RankDevice {
     pub device: Device,
     pub description: String,
+    /// wiretrain's own WGSL kernels on the same wgpu device and queue (wgpu devices only).
+    pub kernels: Option<Arc<Kernels>>,
+}
+
+/// The kernels built for each initialized wgpu device.
+fn kernel_registry() -> &'static Mutex<Vec<(Device, Arc<Kernels>)>> {
+    static REG: OnceLock<Mutex<Vec<(Device, Arc<Kernels>)>>> = OnceLock::new();
+    REG.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// wiretrain's kernels on `device` (the very wgpu device and queue Burn runs on), when it is a
+/// wgpu device this process initialized through [`select`].
+pub fn kernels_for(device: &Device) -> Option<Arc<Kernels>> {
+    let reg = kernel_registry().lock().unwrap_or_else(|p| p.into_inner());
+    let inner = device.clone().inner();
+    reg.iter()
+        .find(|(d, _)| *d == inner || d == device)
+        .map(|(_, k)| k.clone())
 }
 
 fn native_api() -> WgpuBackend {
@@ -70,12 +89,24 @@ fn wgpu_cached(kind: DeviceKind, key: &'static str) -> Result<RankDevice, String
         .init_with_setup()
         .map(|(device, setup)| {
             let info = setup.adapter.get_info();
+            let description = format!(
+                "wgpu {:?} {} ({:?})",
+                info.backend, info.name, info.device_type
+            );
+            // Our kernels share Burn's device and queue (built once per device).
+            let kernels = Arc::new(Kernels::new(
+                setup.device.clone(),
+                setup.queue.clone(),
+                description.clone(),
+            ));
+            kernel_registry()
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push((device.clone(), kernels.clone()));
             RankDevice {
                 device,
-                description: format!(
-                    "wgpu {:?} {} ({:?})",
-                    info.backend, info.name, info.device_type
-                ),
+                description,
+                kernels: Some(kernels),
             }
         })
         .map_err(|e| format!("{e:?}"));
@@ -90,6 +121,7 @@ pub fn select(spec: DeviceSpec) -> Result<RankDevice, String> {
         DeviceSpec::Cpu => Ok(RankDevice {
             device: Device::flex(),
             description: "cpu (burn flex backend)".into(),
+            kernels: None,
         }),
         DeviceSpec::Wgpu => wgpu_cached(DeviceKind::DefaultDevice, "default"),
         DeviceSpec::WgpuCpu => wgpu_cached(DeviceKind::Cpu, "cpu"),

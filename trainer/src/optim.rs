@@ -3,8 +3,15 @@
 //! The step is Burn's own per-tensor optimizer (AdamW, or SGD with momentum) applied to one
 //! 1-D tensor on the rank's device, so every strategy runs the same element-wise math and the
 //! state (m and v for AdamW) exists only for the elements this rank owns.
+//!
+//! On a wgpu device, AdamW runs as wiretrain's fused WGSL kernel instead (same math, one
+//! dispatch): the f32 master of the shard, m and v then live on the device; the gradient is
+//! scaled there by the reduce kernel, and when the caller only needs the parameters rounded to
+//! a 16-bit wire dtype the cast kernel narrows them before the read-back (half the bytes).
+//! Checkpoints see the same state names as Burn's AdamW, so a run can resume on either path.
 
 use crate::checkpoint::ScalarValue;
+use burn::optim::AdaptiveMomentumState;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{
     AdamW, AdamWConfig, AdamWState, Optimizer, RecordState, Sgd, SgdConfig, SgdState, StateSink,
@@ -14,6 +21,9 @@ use burn::store::burn_pack::Scalar;
 use burn::tensor::{Device, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use wiretrain_comm::WireDtype;
+use wiretrain_shaders::{AdamWHyper, AdamWShard, GpuBuf, Half, Kernels};
 
 /// The optimizer a run uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +85,39 @@ pub struct ExportedState {
 enum Kind {
     AdamW(Box<(AdamW, Option<AdamWState<1>>)>),
     Sgd(Box<(Sgd, Option<SgdState<1>>)>),
+    Fused(Box<Fused>),
+}
+
+/// AdamW through wiretrain's kernels; the device holds master, m and v after the first step.
+struct Fused {
+    kernels: Arc<Kernels>,
+    hyper: AdamWHyper,
+    shard: Option<AdamWShard>,
+    /// Moments and step count from a checkpoint, applied when the shard is next created.
+    pending: Option<(Vec<f32>, Vec<f32>, u32)>,
+    /// Raw gradient upload and the scaled gradient the step reads.
+    grad_raw: Option<GpuBuf>,
+    grad: Option<GpuBuf>,
+}
+
+/// How one step treats its inputs and output.
+#[derive(Debug, Clone, Copy)]
+pub struct StepOpts {
+    /// Multiplies the gradient first (1 / micro-batches for accumulation).
+    pub grad_scale: f32,
+    /// The caller only needs the updated parameters as this wire dtype will carry them; the
+    /// fused path then reads back f16/bf16 instead of f32 (the master stays f32 on the
+    /// device). F32 (or any dtype on the other paths) gives the exact f32 master.
+    pub readback: WireDtype,
+}
+
+impl Default for StepOpts {
+    fn default() -> Self {
+        Self {
+            grad_scale: 1.0,
+            readback: WireDtype::F32,
+        }
+    }
 }
 
 /// Optimizer and its state for `len` owned elements.
@@ -85,8 +128,47 @@ pub struct ShardOptimizer {
 }
 
 impl ShardOptimizer {
-    pub fn new(cfg: &OptimConfig, device: Device, len: usize) -> Self {
-        let kind = match cfg {
+    /// `kernels`: wiretrain's kernels on `device`; with them AdamW runs fused on the device.
+    pub fn new(
+        cfg: &OptimConfig,
+        device: Device,
+        len: usize,
+        kernels: Option<Arc<Kernels>>,
+    ) -> Self {
+        let kind = match (cfg, kernels) {
+            (
+                OptimConfig::AdamW {
+                    beta1,
+                    beta2,
+                    eps,
+                    weight_decay,
+                },
+                Some(kernels),
+            ) => Kind::Fused(Box::new(Fused {
+                kernels,
+                hyper: AdamWHyper {
+                    lr: 0.0,
+                    beta1: *beta1,
+                    beta2: *beta2,
+                    eps: *eps,
+                    weight_decay: *weight_decay,
+                },
+                shard: None,
+                pending: None,
+                grad_raw: None,
+                grad: None,
+            })),
+            (cfg, _) => Self::burn_kind(cfg),
+        };
+        Self {
+            kind,
+            device: device.inner(),
+            len,
+        }
+    }
+
+    fn burn_kind(cfg: &OptimConfig) -> Kind {
+        match cfg {
             OptimConfig::AdamW {
                 beta1,
                 beta2,
@@ -120,23 +202,54 @@ impl ShardOptimizer {
                 }
                 Kind::Sgd(Box::new((c.build(), None)))
             }
-        };
-        Self {
-            kind,
-            device: device.inner(),
-            len,
+        }
+    }
+
+    /// Whether AdamW runs as wiretrain's fused kernel on the device.
+    pub fn is_fused(&self) -> bool {
+        matches!(self.kind, Kind::Fused(..))
+    }
+
+    /// Calls of wiretrain's kernels on this optimizer's device (fused path only).
+    pub fn kernel_counters(&self) -> Option<wiretrain_shaders::Counters> {
+        match &self.kind {
+            Kind::Fused(f) => Some(f.kernels.counters()),
+            _ => None,
         }
     }
 
     /// Updates `params` in place from `grads` (both `len` long).
-    pub fn step(&mut self, lr: f64, params: &mut [f32], grads: &[f32]) {
+    pub fn step(&mut self, lr: f64, params: &mut [f32], grads: &[f32]) -> Result<(), String> {
+        self.step_with(lr, params, grads, StepOpts::default())
+    }
+
+    /// Like [`Self::step`], with a gradient scale and a read-back dtype (see [`StepOpts`]).
+    /// On the fused path `params` is read only at the first step (or after a state import):
+    /// from then on the device holds the f32 master.
+    pub fn step_with(
+        &mut self,
+        lr: f64,
+        params: &mut [f32],
+        grads: &[f32],
+        opts: StepOpts,
+    ) -> Result<(), String> {
         assert_eq!(params.len(), self.len);
         assert_eq!(grads.len(), self.len);
         if self.len == 0 {
-            return;
+            return Ok(());
         }
+        if let Kind::Fused(f) = &mut self.kind {
+            return f
+                .step(lr, params, grads, opts)
+                .map_err(|e| format!("fused AdamW on the device: {e}"));
+        }
+        let g = if opts.grad_scale == 1.0 {
+            grads.to_vec()
+        } else {
+            grads.iter().map(|x| x * opts.grad_scale).collect()
+        };
         let p = Tensor::<1>::from_data(TensorData::new(params.to_vec(), [self.len]), &self.device);
-        let g = Tensor::<1>::from_data(TensorData::new(grads.to_vec(), [self.len]), &self.device);
+        let g = Tensor::<1>::from_data(TensorData::new(g, [self.len]), &self.device);
         let out = match &mut self.kind {
             Kind::AdamW(b) => {
                 let (opt, state) = &mut **b;
@@ -150,17 +263,35 @@ impl ShardOptimizer {
                 *state = s;
                 t
             }
+            Kind::Fused(..) => unreachable!("handled above"),
         };
         let v = out
             .try_into_vec_as::<f32>()
-            .expect("optimizer output reads back as f32");
+            .map_err(|e| format!("reading the optimizer output back: {e:?}"))?;
         params.copy_from_slice(&v);
+        Ok(())
+    }
+
+    /// The f32 master when the device holds it (fused path after its first step); `None`
+    /// means the caller's parameters are the master.
+    pub fn device_master(&self) -> Result<Option<Vec<f32>>, String> {
+        match &self.kind {
+            Kind::Fused(f) => match &f.shard {
+                Some(s) => f
+                    .kernels
+                    .read(&s.param, s.len())
+                    .map(Some)
+                    .map_err(|e| e.to_string()),
+                None => Ok(None),
+            },
+            _ => Ok(None),
+        }
     }
 
     /// "adamw" or "sgd".
     pub fn kind(&self) -> &'static str {
         match &self.kind {
-            Kind::AdamW(..) => "adamw",
+            Kind::AdamW(..) | Kind::Fused(..) => "adamw",
             Kind::Sgd(..) => "sgd",
         }
     }
@@ -177,6 +308,11 @@ impl ShardOptimizer {
             }
             Kind::Sgd(b) => {
                 if let Some(s) = &b.1 {
+                    s.state_flatten("", &mut sink)
+                }
+            }
+            Kind::Fused(f) => {
+                if let Some(s) = f.burn_state(&self.device)? {
                     s.state_flatten("", &mut sink)
                 }
             }
@@ -210,6 +346,10 @@ impl ShardOptimizer {
             match &mut self.kind {
                 Kind::AdamW(b) => b.1 = None,
                 Kind::Sgd(b) => b.1 = None,
+                Kind::Fused(f) => {
+                    f.shard = None;
+                    f.pending = None;
+                }
             }
             return Ok(());
         }
@@ -244,6 +384,19 @@ impl ShardOptimizer {
                         .ok_or_else(missing)?,
                 )
             }
+            Kind::Fused(f) => {
+                let st = AdamWState::<1>::state_unflatten("", &mut src, &self.device)
+                    .ok_or_else(missing)?;
+                let read = |t: Tensor<1>| {
+                    t.try_into_vec_as::<f32>()
+                        .map_err(|e| format!("optimizer state: {e:?}"))
+                };
+                let mo = st.momentum;
+                let steps = u32::try_from(mo.time).map_err(|_| "step count out of range")?;
+                // The host parameters become the master again at the next step.
+                f.shard = None;
+                f.pending = Some((read(mo.moment_1)?, read(mo.moment_2)?, steps));
+            }
         }
         Ok(())
     }
@@ -251,8 +404,88 @@ impl ShardOptimizer {
     /// Bytes of optimizer state this rank holds (m and v for AdamW, velocity for SGD).
     pub fn state_bytes(&self) -> usize {
         match &self.kind {
-            Kind::AdamW(..) => 2 * 4 * self.len,
+            Kind::AdamW(..) | Kind::Fused(..) => 2 * 4 * self.len,
             Kind::Sgd(..) => 4 * self.len,
         }
+    }
+}
+
+impl Fused {
+    fn step(
+        &mut self,
+        lr: f64,
+        params: &mut [f32],
+        grads: &[f32],
+        opts: StepOpts,
+    ) -> Result<(), wiretrain_shaders::ShaderError> {
+        let k = &self.kernels;
+        let n = params.len();
+        if self.shard.is_none() {
+            let mut shard = k.adamw_shard(params)?;
+            if let Some((m, v, t)) = self.pending.take() {
+                k.write(&shard.m, &m)?;
+                k.write(&shard.v, &v)?;
+                shard.t = t;
+            }
+            self.shard = Some(shard);
+        }
+        let raw = match self.grad_raw.take() {
+            Some(b) if b.words() == n => b,
+            _ => k.zeros(n)?,
+        };
+        let grad = match self.grad.take() {
+            Some(b) if b.words() == n => b,
+            _ => k.zeros(n)?,
+        };
+        k.write(&raw, grads)?;
+        // The gradient as the step reads it: scaled on the device (reduce of one buffer).
+        k.reduce(&[&raw], &grad, n, opts.grad_scale)?;
+        let shard = self.shard.as_mut().expect("created above");
+        self.hyper.lr = lr;
+        k.adamw_step(shard, &grad, &self.hyper)?;
+        let half = match opts.readback {
+            WireDtype::F16 => Some(Half::F16),
+            WireDtype::Bf16 => Some(Half::Bf16),
+            WireDtype::F32 | WireDtype::Int8 => None,
+        };
+        match half {
+            Some(h) => {
+                let packed = k.cast_to_half(h, &shard.param, n)?;
+                let words: Vec<u32> = k.read(&packed, n.div_ceil(2))?;
+                for (i, p) in params.iter_mut().enumerate() {
+                    let bits = (words[i / 2] >> (16 * (i % 2))) as u16;
+                    *p = match h {
+                        Half::F16 => half::f16::from_bits(bits).to_f32(),
+                        Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
+                    };
+                }
+            }
+            None => params.copy_from_slice(&k.read::<f32>(&shard.param, n)?),
+        }
+        self.grad_raw = Some(raw);
+        self.grad = Some(grad);
+        Ok(())
+    }
+
+    /// The state in Burn's AdamW form (for checkpoints), `None` before the first step.
+    fn burn_state(&self, device: &Device) -> Result<Option<AdamWState<1>>, String> {
+        let (m, v, t) = match (&self.shard, &self.pending) {
+            (Some(s), _) => {
+                let k = &self.kernels;
+                let m: Vec<f32> = k.read(&s.m, s.len()).map_err(|e| e.to_string())?;
+                let v: Vec<f32> = k.read(&s.v, s.len()).map_err(|e| e.to_string())?;
+                (m, v, s.t)
+            }
+            (None, Some((m, v, t))) => (m.clone(), v.clone(), *t),
+            (None, None) => return Ok(None),
+        };
+        if t == 0 {
+            return Ok(None);
+        }
+        let n = m.len();
+        let tensor = |x: Vec<f32>| Tensor::<1>::from_data(TensorData::new(x, [n]), device);
+        Ok(Some(AdamWState {
+            momentum: AdaptiveMomentumState::new(t as usize, tensor(m), tensor(v)),
+        }))
     }
 }

@@ -8,7 +8,7 @@
 //! `Trainer::with_units` and `trainer.step_units(input, loss_fn)`.
 
 use crate::flat::FlatLayout;
-use crate::optim::{OptimConfig, ShardOptimizer};
+use crate::optim::{OptimConfig, ShardOptimizer, StepOpts};
 use crate::strategy::Strategy;
 use crate::trace::span;
 use burn::module::Module;
@@ -36,6 +36,8 @@ pub enum TrainError {
     Config(String),
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error("optimizer step: {0}")]
+    Optimizer(String),
     /// Another rank failed (it reported its own error); this rank stops with it.
     #[error("{0}")]
     OtherRank(String),
@@ -55,6 +57,9 @@ pub struct TrainerConfig {
     /// bf16, int8). Sums accumulate in f32; master weights and optimizer state stay f32 on
     /// their owner; every rank computes with the same (decoded) parameters.
     pub wire: WireDtype,
+    /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
+    /// device) instead of Burn's tensor ops. Same math; off for comparisons.
+    pub fused_optimizer: bool,
 }
 
 impl TrainerConfig {
@@ -66,6 +71,7 @@ impl TrainerConfig {
             bucket_bytes: 25 << 20,
             prefetch: 1,
             wire: WireDtype::F32,
+            fused_optimizer: true,
         }
     }
 }
@@ -191,7 +197,11 @@ impl<M: Module> Trainer<M> {
             None => (layout.unflatten(model, &params), params),
         };
         let master = owned_master(cfg.strategy, &owned, &params);
-        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), owned_len);
+        let kernels = cfg
+            .fused_optimizer
+            .then(|| crate::device::kernels_for(device))
+            .flatten();
+        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), owned_len, kernels);
         let max_bucket = buckets.iter().map(|b| b.len()).max().unwrap_or(0);
         let memory = MemoryReport {
             params_bytes: 4 * match cfg.strategy {
@@ -235,6 +245,20 @@ impl<M: Module> Trainer<M> {
         &self.layout
     }
 
+    /// "adamw (fused wgsl)", "adamw" (Burn's) or "sgd".
+    pub fn optimizer_path(&self) -> &'static str {
+        if self.opt.is_fused() {
+            "adamw (fused wgsl)"
+        } else {
+            self.opt.kind()
+        }
+    }
+
+    /// Calls of wiretrain's WGSL kernels on this rank's device (fused optimizer only).
+    pub fn kernel_counters(&self) -> Option<wiretrain_shaders::Counters> {
+        self.opt.kernel_counters()
+    }
+
     /// The parameters this rank holds between steps: the full flat vector (identical on every
     /// rank) for DDP, ZeRO-1 and ZeRO-2; this rank's shard of every unit for ZeRO-3.
     pub fn params(&self) -> &[f32] {
@@ -242,11 +266,14 @@ impl<M: Module> Trainer<M> {
     }
 
     /// The full flat parameter vector on every rank. A collective under ZeRO-3 (every rank
-    /// must call it); a copy otherwise.
+    /// must call it; it gathers the f32 masters exactly); a copy otherwise (what the model
+    /// computes with: with a narrow wire dtype, ZeRO-1/2 and hybrid hold the decoded values).
     pub fn gather_params(&mut self) -> Result<Vec<f32>, TrainError> {
         if !self.cfg.strategy.shards_params() {
             return Ok(self.params.clone());
         }
+        let device_master = self.opt.device_master().map_err(TrainError::Optimizer)?;
+        let shard: &[f32] = device_master.as_deref().unwrap_or(&self.params);
         let hsdp = self.cfg.strategy == Strategy::Hsdp;
         let mut full = vec![0.0f32; self.layout.total()];
         let mut at = 0;
@@ -257,7 +284,7 @@ impl<M: Module> Trainer<M> {
                 &mut self.pg,
                 hsdp,
                 WireDtype::F32,
-                &self.params[at..at + n],
+                &shard[at..at + n],
                 b.len(),
             );
             at += n;
@@ -354,7 +381,6 @@ impl<M: Module> Trainer<M> {
                 for b in &self.buckets {
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
-                    scale(&mut flat, grad_scale);
                     let prev = self.pg.set_wire_dtype(self.cfg.wire);
                     works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
                     self.pg.set_wire_dtype(prev);
@@ -371,7 +397,14 @@ impl<M: Module> Trainer<M> {
                 comm += tw.elapsed();
                 t_opt = Instant::now();
                 let _s = span("optimizer", "optim");
-                self.opt.step(self.cfg.lr, &mut self.params, &full);
+                // The micro-batch mean is taken in the step (on the device when fused).
+                let opts = StepOpts {
+                    grad_scale,
+                    readback: WireDtype::F32,
+                };
+                self.opt
+                    .step_with(self.cfg.lr, &mut self.params, &full, opts)
+                    .map_err(TrainError::Optimizer)?;
             }
             Strategy::Zero3 | Strategy::Hsdp => unreachable!("refused above"),
             Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => {
@@ -387,7 +420,6 @@ impl<M: Module> Trainer<M> {
                     let sp = span("flatten bucket", "compute");
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
-                    scale(&mut flat, grad_scale);
                     drop(sp);
                     compute += tf.elapsed();
                     let n = zero3::unit_share(&self.pg, node, b.len());
@@ -418,39 +450,53 @@ impl<M: Module> Trainer<M> {
                 t_opt = Instant::now();
                 let sp = span("optimizer", "optim");
                 debug_assert_eq!(self.master.len(), owned_len);
-                self.opt.step(self.cfg.lr, &mut self.master, &gshard);
-                let pshard = &self.master;
+                // Only the gathered (wire-rounded) values leave the optimizer: when fused, the
+                // f32 master stays on the device and the cast kernel narrows the read-back.
+                let opts = StepOpts {
+                    grad_scale,
+                    readback: self.cfg.wire,
+                };
+                self.opt
+                    .step_with(self.cfg.lr, &mut self.master, &gshard, opts)
+                    .map_err(TrainError::Optimizer)?;
                 drop(sp);
                 let opt_time = t_opt.elapsed();
-                // Gather the updated shares, bucket by bucket, all in flight at once.
                 let tw = Instant::now();
-                let sp = span("issue gathers", "comm");
-                let mut works = Vec::with_capacity(self.buckets.len());
-                let mut at = 0;
-                for b in &self.buckets {
-                    let n = zero3::unit_share(&self.pg, node, b.len());
-                    let w = zero3::issue_gather(
-                        &mut self.pg,
-                        node,
-                        self.cfg.wire,
-                        &pshard[at..at + n],
-                        b.len(),
-                    );
-                    at += n;
-                    works.push((b.clone(), w));
-                }
-                drop(sp);
-                for (b, w) in works {
-                    let _s = span(format!("wait {}", w.id()), "comm");
-                    let full = w.wait()?;
-                    self.params[b].copy_from_slice(&full);
-                }
+                self.gather_shards()?;
                 comm += tw.elapsed();
                 return self.finish(model, t0, local_loss, compute, comm, opt_time);
             }
         }
         let opt_time = t_opt.elapsed();
         self.finish(model, t0, local_loss, compute, comm, opt_time)
+    }
+
+    /// ZeRO-1/2, hybrid: gathers every rank's share of every bucket (its master, in the
+    /// wire dtype) into the parameters the model computes with, all buckets in flight at once.
+    fn gather_shards(&mut self) -> Result<(), TrainError> {
+        let node = self.cfg.strategy == Strategy::Hybrid;
+        let sp = span("issue gathers", "comm");
+        let mut works = Vec::with_capacity(self.buckets.len());
+        let mut at = 0;
+        for b in &self.buckets {
+            let n = zero3::unit_share(&self.pg, node, b.len());
+            let w = zero3::issue_gather(
+                &mut self.pg,
+                node,
+                self.cfg.wire,
+                &self.master[at..at + n],
+                b.len(),
+            );
+            at += n;
+            works.push((b.clone(), w));
+        }
+        drop(sp);
+        for (b, w) in works {
+            let _s = span(format!("wait {}", w.id()), "comm");
+            let full = w.wait()?;
+            self.params[b].copy_from_slice(&full);
+        }
+        Ok(())
     }
 
     fn finish(
@@ -517,13 +563,6 @@ fn owned_master(strategy: Strategy, owned: &[Range<usize>], params: &[f32]) -> V
             .flat_map(|r| params[r.clone()].iter().copied())
             .collect(),
         Strategy::Ddp | Strategy::Zero3 | Strategy::Hsdp => Vec::new(),
-    }
-}
-
-/// Divides accumulated gradients by the number of micro-batches (no-op for one).
-fn scale(v: &mut [f32], by: f32) {
-    if by != 1.0 {
-        v.iter_mut().for_each(|x| *x *= by);
     }
 }
 

@@ -66,6 +66,10 @@ pub struct TrainArgs {
     /// scale per 128 values). Sums accumulate in f32; masters and optimizer state stay f32.
     #[arg(long)]
     pub wire_dtype: Option<String>,
+    /// Run AdamW with Burn's tensor ops instead of wiretrain's fused WGSL kernel on wgpu
+    /// devices (for comparisons; the math is the same).
+    #[arg(long)]
+    pub no_fused_optimizer: bool,
     /// Write a PNG plot of loss and throughput here (default: the metrics path with .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,
@@ -118,6 +122,7 @@ struct FileConfig {
     accumulate: Option<usize>,
     prefetch: Option<usize>,
     wire_dtype: Option<String>,
+    fused_optimizer: Option<bool>,
     plot: Option<PathBuf>,
     d_model: Option<usize>,
     layers: Option<usize>,
@@ -150,6 +155,7 @@ struct Run {
     accumulate: usize,
     prefetch: usize,
     wire: WireDtype,
+    fused_optimizer: bool,
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
@@ -271,6 +277,7 @@ impl TrainArgs {
             accumulate,
             prefetch,
             wire,
+            fused_optimizer: !self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true),
             plot,
             d_model,
             layers,
@@ -385,6 +392,7 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
     tc.bucket_bytes = sh.run.bucket_bytes;
     tc.prefetch = sh.run.prefetch;
     tc.wire = sh.run.wire;
+    tc.fused_optimizer = sh.run.fused_optimizer;
     match sh.data.clone() {
         Data::Mlp(data) => train_model(
             Mlp::new(&device, sh.run.seed),
@@ -675,6 +683,8 @@ fn train_loop<M: Module>(
             "largest_bucket_elems": trainer.largest_bucket(),
             "prefetch": run.prefetch,
             "wire_dtype": run.wire.name(),
+            "optimizer": trainer.optimizer_path(),
+            "kernels": trainer.kernel_counters(),
             "memory_per_rank": per_rank,
         });
         writeln!(o, "{summary}")?;

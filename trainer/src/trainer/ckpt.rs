@@ -51,15 +51,20 @@ impl<M: Module> Trainer<M> {
 
     /// This rank's owned element ranges, the parameters over them and its optimizer state.
     fn shard_data(&self) -> Result<(ShardData, ExportedState), TrainError> {
-        let params: Vec<f32> = match self.cfg.strategy {
-            Strategy::Zero3 | Strategy::Hsdp => self.params.clone(),
-            // The f32 master, not the compute copy a narrow wire dtype rounds.
-            Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => self.master.clone(),
-            Strategy::Ddp => self
-                .owned
-                .iter()
-                .flat_map(|r| self.params[r.clone()].iter().copied())
-                .collect(),
+        let device = self.opt.device_master().map_err(TrainError::Optimizer)?;
+        let params: Vec<f32> = match (device, self.cfg.strategy) {
+            // The fused optimizer holds the f32 master on the device.
+            (Some(m), _) => m,
+            (None, strategy) => match strategy {
+                Strategy::Zero3 | Strategy::Hsdp => self.params.clone(),
+                // The f32 master, not the compute copy a narrow wire dtype rounds.
+                Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => self.master.clone(),
+                Strategy::Ddp => self
+                    .owned
+                    .iter()
+                    .flat_map(|r| self.params[r.clone()].iter().copied())
+                    .collect(),
+            },
         };
         let state = self.opt.export_state().map_err(TrainError::Config)?;
         Ok((
@@ -303,6 +308,11 @@ impl<M: Module> Trainer<M> {
         } else {
             self.params = ck.read_params()?;
             self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
+            if self.cfg.strategy != Strategy::Ddp {
+                // What the model computes with is what a step's gather gives (the masters
+                // through the wire dtype), so a resumed run continues bit for bit.
+                self.gather_shards()?;
+            }
             let model = self.model.take().expect("model present between steps");
             self.model = Some(self.layout.unflatten(model, &self.params));
         }

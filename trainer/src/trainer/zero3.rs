@@ -370,7 +370,13 @@ impl<M: Units> Trainer<M> {
         let compute = t0.elapsed().saturating_sub(comm);
         let t_opt = Instant::now();
         let sp = crate::trace::span("optimizer", "optim");
-        self.opt.step(self.cfg.lr, &mut self.params, &gshard);
+        let opts = crate::optim::StepOpts {
+            grad_scale: 1.0,
+            readback: self.cfg.wire,
+        };
+        self.opt
+            .step_with(self.cfg.lr, &mut self.params, &gshard, opts)
+            .map_err(TrainError::Optimizer)?;
         drop(sp);
         let opt_time = t_opt.elapsed();
         self.finish_sharded(
