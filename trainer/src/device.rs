@@ -49,8 +49,10 @@ pub struct RankDevice {
 }
 
 /// The kernels built for each initialized wgpu device.
-fn kernel_registry() -> &'static Mutex<Vec<(Device, Arc<Kernels>)>> {
-    static REG: OnceLock<Mutex<Vec<(Device, Arc<Kernels>)>>> = OnceLock::new();
+type KernelRegistry = Mutex<Vec<(Device, Arc<Kernels>)>>;
+
+fn kernel_registry() -> &'static KernelRegistry {
+    static REG: OnceLock<KernelRegistry> = OnceLock::new();
     REG.get_or_init(|| Mutex::new(Vec::new()))
 }
 
