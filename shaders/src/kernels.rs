@@ -50,15 +50,28 @@ struct AtomicCounters {
 /// The device state of AdamW on one flat shard.
 #[derive(Debug)]
 pub struct AdamWShard {
-    pub param: GpuBuf,
-    pub m: GpuBuf,
-    pub v: GpuBuf,
+    // Exactly `n` words each (the kernel writes whole vec4s: past `n` lies only padding).
+    param: GpuBuf,
+    m: GpuBuf,
+    v: GpuBuf,
     n: usize,
     /// Steps taken.
     pub t: u32,
 }
 
 impl AdamWShard {
+    /// The f32 master parameters.
+    pub fn param(&self) -> &GpuBuf {
+        &self.param
+    }
+    /// First moments.
+    pub fn m(&self) -> &GpuBuf {
+        &self.m
+    }
+    /// Second moments.
+    pub fn v(&self) -> &GpuBuf {
+        &self.v
+    }
     pub fn len(&self) -> usize {
         self.n
     }
@@ -124,11 +137,20 @@ fn pipeline(
     })
 }
 
+/// Compiles one of our WGSL files without the runtime bounds checks wgpu would add to every
+/// storage access (as cubecl does for Burn's kernels: on software adapters those checks cost
+/// about as much as the arithmetic).
 fn module(device: &wgpu::Device, name: &str, src: &str) -> wgpu::ShaderModule {
-    device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(src.into()),
-    })
+    };
+    // SAFETY: every access in our kernels is in bounds by construction: each index is
+    // guarded by the element count `n` of its dispatch, every binding covers exactly the
+    // words those indices reach (vec4 kernels: whole vec4s, which `zeros` allocates), `n` is
+    // checked against the buffers' sizes before any dispatch (`need`), and the only loop
+    // (quant.wgsl's tree reduction) has a constant trip count.
+    unsafe { device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked()) }
 }
 
 /// Packs uniform fields (4-byte words) padded to 16 bytes.
@@ -239,7 +261,8 @@ impl Kernels {
 
     /// A zeroed buffer of `words` words.
     pub fn zeros(&self, words: usize) -> Result<GpuBuf, ShaderError> {
-        let bytes = (4 * words.max(1)) as u64;
+        // Whole vec4s, so vectorized kernels may bind the last partial vec4.
+        let bytes = (4 * words.max(1)).next_multiple_of(16) as u64;
         self.check_size(bytes)?;
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("wiretrain"),
@@ -466,7 +489,7 @@ impl Kernels {
                 &self.reduce,
                 n,
                 |a, b| {
-                    let (o, sz) = (4 * a as u64, 4 * (b - a) as u64);
+                    let (o, sz) = (4 * a as u64, vec4_bytes(b - a));
                     let mut v = vec![(0, &out.buffer, o, sz)];
                     for slot in 0..4 {
                         // Unused slots repeat the first input; `count` masks them.
@@ -483,7 +506,7 @@ impl Kernels {
                         ],
                     )
                 },
-                |m| m.div_ceil(256),
+                |m| m.div_ceil(4).div_ceil(256),
             );
         }
         self.counters.reduce.fetch_add(1, Ordering::Relaxed);
@@ -526,7 +549,7 @@ impl Kernels {
             &self.adamw,
             n,
             |a, b| {
-                let (o, sz) = (4 * a as u64, 4 * (b - a) as u64);
+                let (o, sz) = (4 * a as u64, vec4_bytes(b - a));
                 (
                     vec![
                         (0, &param.buffer, o, sz),
@@ -548,7 +571,7 @@ impl Kernels {
                     ],
                 )
             },
-            |m| m.div_ceil(256),
+            |m| m.div_ceil(4).div_ceil(256),
         );
         self.counters.adamw.fetch_add(1, Ordering::Relaxed);
         Ok(())
@@ -609,6 +632,11 @@ impl Kernels {
         self.counters.dequantize.fetch_add(1, Ordering::Relaxed);
         Ok(out)
     }
+}
+
+/// Bytes of `elems` f32 values rounded up to whole vec4s (buffers are allocated that way).
+fn vec4_bytes(elems: usize) -> u64 {
+    (4 * elems).next_multiple_of(16) as u64
 }
 
 fn need(what: &'static str, b: &GpuBuf, words: usize) -> Result<(), ShaderError> {

@@ -193,9 +193,9 @@ fn check_adamw(k: &Kernels, n: usize) {
         adamw_ref(&mut p, &g, &mut m, &mut v, &h, t as i32);
     }
     let (dp, dm, dv): (Vec<f32>, Vec<f32>, Vec<f32>) = (
-        k.read(&shard.param, n).unwrap(),
-        k.read(&shard.m, n).unwrap(),
-        k.read(&shard.v, n).unwrap(),
+        k.read(shard.param(), n).unwrap(),
+        k.read(shard.m(), n).unwrap(),
+        k.read(shard.v(), n).unwrap(),
     );
     let mut worst = 0.0f32;
     for i in 0..n {

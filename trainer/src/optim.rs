@@ -279,7 +279,7 @@ impl ShardOptimizer {
             Kind::Fused(f) => match &f.shard {
                 Some(s) => f
                     .kernels
-                    .read(&s.param, s.len())
+                    .read(s.param(), s.len())
                     .map(Some)
                     .map_err(|e| e.to_string()),
                 None => Ok(None),
@@ -423,8 +423,8 @@ impl Fused {
         if self.shard.is_none() {
             let mut shard = k.adamw_shard(params)?;
             if let Some((m, v, t)) = self.pending.take() {
-                k.write(&shard.m, &m)?;
-                k.write(&shard.v, &v)?;
+                k.write(shard.m(), &m)?;
+                k.write(shard.v(), &v)?;
                 shard.t = t;
             }
             self.shard = Some(shard);
@@ -450,17 +450,22 @@ impl Fused {
         };
         match half {
             Some(h) => {
-                let packed = k.cast_to_half(h, &shard.param, n)?;
+                let packed = k.cast_to_half(h, shard.param(), n)?;
                 let words: Vec<u32> = k.read(&packed, n.div_ceil(2))?;
-                for (i, p) in params.iter_mut().enumerate() {
-                    let bits = (words[i / 2] >> (16 * (i % 2))) as u16;
-                    *p = match h {
-                        Half::F16 => half::f16::from_bits(bits).to_f32(),
-                        Half::Bf16 => half::bf16::from_bits(bits).to_f32(),
-                    };
-                }
+                // The same decode the wire uses (two little-endian halves per word).
+                let bytes: &[u8] = bytemuck::cast_slice(&words);
+                let wire = match h {
+                    Half::F16 => WireDtype::F16,
+                    Half::Bf16 => WireDtype::Bf16,
+                };
+                wiretrain_comm::codec::decode(
+                    wire,
+                    &bytes[..2 * n],
+                    params,
+                    wiretrain_comm::codec::Apply::Set,
+                );
             }
-            None => params.copy_from_slice(&k.read::<f32>(&shard.param, n)?),
+            None => params.copy_from_slice(&k.read::<f32>(shard.param(), n)?),
         }
         self.grad_raw = Some(raw);
         self.grad = Some(grad);
@@ -472,8 +477,8 @@ impl Fused {
         let (m, v, t) = match (&self.shard, &self.pending) {
             (Some(s), _) => {
                 let k = &self.kernels;
-                let m: Vec<f32> = k.read(&s.m, s.len()).map_err(|e| e.to_string())?;
-                let v: Vec<f32> = k.read(&s.v, s.len()).map_err(|e| e.to_string())?;
+                let m: Vec<f32> = k.read(s.m(), s.len()).map_err(|e| e.to_string())?;
+                let v: Vec<f32> = k.read(s.v(), s.len()).map_err(|e| e.to_string())?;
                 (m, v, s.t)
             }
             (None, Some((m, v, t))) => (m.clone(), v.clone(), *t),
