@@ -3,6 +3,7 @@
 //! match single-process training within 1e-5, on Burn's CPU backend for every combination and
 //! on lavapipe (wgpu, Vulkan pinned) for ZeRO-2 at 2 x 2 and ZeRO-3 at 2 x 1 (lavapipe's first
 //! step compiles its kernels for ~40 s per process on 2 cores, so CI runs two lavapipe runs).
+//! A job mixing device kinds (a lavapipe rank and a CPU-backend rank per node) matches too.
 //! Memory accounting follows the ZeRO formulas; bad input exits 2.
 
 mod common;
@@ -143,8 +144,17 @@ fn assert_close(what: &str, a: &[f32], b: &[f32]) {
 
 /// Runs of (strategy, nodes, ranks per node, micro-batches accumulated per step).
 fn compare(device: &str, runs: &[(&str, usize, usize, usize)]) -> Vec<serde_json::Value> {
+    compare_with(device, device, runs)
+}
+
+/// As [`compare`], with the reference on `ref_device` and the runs on `device`.
+fn compare_with(
+    ref_device: &str,
+    device: &str,
+    runs: &[(&str, usize, usize, usize)],
+) -> Vec<serde_json::Value> {
     let mut summaries = vec![];
-    let (ref_params, ref_losses) = reference(device);
+    let (ref_params, ref_losses) = reference(ref_device);
     assert_eq!(ref_losses.len(), 20);
     assert!(
         ref_losses[19] < ref_losses[0],
@@ -220,6 +230,18 @@ fn gradient_accumulation_matches_single_process_training() {
 #[test]
 fn zero2_and_zero3_match_single_process_training_on_lavapipe() {
     compare("wgpu:cpu", &[("zero2", 2, 2, 1), ("zero3", 2, 1, 1)]);
+}
+
+/// Mixed device kinds in one job: on every node, local rank 0 trains on lavapipe (wgpu, with
+/// the fused WGSL AdamW) and local rank 1 on Burn's CPU backend; the result matches
+/// single-process training on the CPU backend within 1e-5.
+#[test]
+fn mixed_device_kinds_match_single_process_training() {
+    compare_with(
+        "cpu",
+        "wgpu:cpu,cpu",
+        &[("zero2", 2, 2, 1), ("ddp", 1, 2, 1)],
+    );
 }
 
 /// ZeRO-1 optimizer state = total/N per rank (AdamW: m and v, 8 bytes per element, within one

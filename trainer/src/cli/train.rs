@@ -44,7 +44,8 @@ pub struct TrainArgs {
     /// Seed for parameters and data order.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Device per rank: auto, wgpu, wgpu:cpu (lavapipe), cpu.
+    /// Device per rank: auto, wgpu, wgpu:cpu (lavapipe), cpu; or a comma-separated list with
+    /// one per local rank, to mix device kinds on a node (e.g. "wgpu:cpu,cpu").
     #[arg(long)]
     pub device: Option<String>,
     /// Gradient bucket size in bytes.
@@ -150,7 +151,8 @@ struct Run {
     global_batch: usize,
     lr: f64,
     seed: u64,
-    device: DeviceSpec,
+    /// One per local rank, or a single one for all.
+    device: Vec<DeviceSpec>,
     bucket_bytes: usize,
     accumulate: usize,
     prefetch: usize,
@@ -193,8 +195,11 @@ impl TrainArgs {
             .clone()
             .or(file.device)
             .unwrap_or_else(|| "auto".into());
-        let device: DeviceSpec = device
-            .parse()
+        // One spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
+        let device: Vec<DeviceSpec> = device
+            .split(',')
+            .map(|d| d.trim().parse())
+            .collect::<Result<_, _>>()
             .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
         let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
         if !(lr.is_finite() && lr > 0.0) {
@@ -323,6 +328,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let cfg = args.node.config()?;
     let nnodes = cfg.nnodes();
     let world_guess = nnodes * cfg.ranks();
+    if run.device.len() > 1 && run.device.len() != cfg.ranks() {
+        bail!(
+            "--device: {} devices listed for {} ranks per node (give one, or one per local rank)",
+            run.device.len(),
+            cfg.ranks()
+        );
+    }
     let per_step = world_guess * run.accumulate;
     if run.global_batch == 0 || !run.global_batch.is_multiple_of(per_step) {
         bail!(
@@ -368,8 +380,18 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 
 /// Trains one rank; returns the last step done when a signal stopped the run early.
 fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usize>> {
-    let rd = select(sh.run.device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+    let spec = sh.run.device[pg.local_rank().min(sh.run.device.len() - 1)];
+    let rd = select(spec).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
     let device = rd.device.clone().autodiff();
+    if sh.run.device.len() > 1 {
+        eprintln!(
+            "wiretrain: rank {} (node {}, local {}) trains on {}",
+            pg.rank(),
+            pg.node(),
+            pg.local_rank(),
+            rd.description
+        );
+    }
     if pg.rank() == 0 {
         eprintln!(
             "wiretrain: rank 0 trains {} on {}; world {}; strategy {}",
