@@ -97,9 +97,21 @@ fn distributed(
     ranks: usize,
     accumulate: usize,
 ) -> (Vec<f32>, Vec<f64>, serde_json::Value) {
+    distributed_with(strategy, device, nodes, ranks, accumulate, &[])
+}
+
+fn distributed_with(
+    strategy: &str,
+    device: &str,
+    nodes: usize,
+    ranks: usize,
+    accumulate: usize,
+    extra: &[&str],
+) -> (Vec<f32>, Vec<f64>, serde_json::Value) {
     let d = dir(&format!(
-        "{strategy}-{}-{nodes}x{ranks}-acc{accumulate}",
-        device.replace(':', "-")
+        "{strategy}-{}-{nodes}x{ranks}-acc{accumulate}-{}",
+        device.replace(':', "-"),
+        extra.join("").replace(',', "-")
     ));
     let acc = accumulate.to_string();
     let (m, p) = (d.join("m.jsonl"), d.join("p.f32"));
@@ -113,6 +125,7 @@ fn distributed(
         p.to_str().unwrap(),
     ));
     args.extend(["--accumulate", &acc]);
+    args.extend_from_slice(extra);
     let out = common::run(&args, &[], Duration::from_secs(900));
     assert!(out.status.success(), "{}", common::text(&out));
     let (losses, summary) = read_metrics(&m);
@@ -244,6 +257,40 @@ fn mixed_device_kinds_match_single_process_training() {
     );
 }
 
+/// Deliberately unequal shares of the global batch (13, 3, 9, 7 of 32), gradients weighted by
+/// share: every strategy still equals single-process training on the whole batch (1e-5).
+#[test]
+fn uneven_shares_match_single_process_training() {
+    let (ref_params, ref_losses) = reference("cpu");
+    for (strategy, nodes, ranks, shares) in [
+        ("ddp", 2, 1, "27,5"),
+        ("zero1", 2, 2, "13,3,9,7"),
+        ("zero2", 2, 2, "13,3,9,7"),
+        ("zero3", 2, 1, "1,31"),
+        ("hybrid", 2, 2, "13,3,9,7"),
+    ] {
+        let what = format!("{strategy} {nodes}x{ranks} shares {shares}");
+        let (params, losses, summary) =
+            distributed_with(strategy, "cpu", nodes, ranks, 1, &["--shares", shares]);
+        assert_close(&format!("{what} parameters"), &params, &ref_params);
+        for (s, (l, r)) in losses.iter().zip(&ref_losses).enumerate() {
+            assert!(
+                ((l - r) / r).abs() <= 1e-5,
+                "{what} step {s}: loss {l} vs {r}"
+            );
+        }
+        assert_eq!(summary["balance"], "fixed");
+        let got: Vec<u64> = summary["shares"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap())
+            .collect();
+        let want: Vec<u64> = shares.split(',').map(|x| x.parse().unwrap()).collect();
+        assert_eq!(got, want, "{what}");
+    }
+}
+
 /// ZeRO-1 optimizer state = total/N per rank (AdamW: m and v, 8 bytes per element, within one
 /// element per bucket); ZeRO-2 gradients <= total/N + one bucket; DDP holds everything.
 fn check_memory(what: &str, strategy: &str, ranks_per_node: usize, s: &serde_json::Value) {
@@ -337,6 +384,12 @@ fn bad_input_is_one_line_and_exit_code_2() {
         ),
         (vec!["train", "--device", "tpu"], "--device"),
         (vec!["train", "--accumulate", "0"], "--accumulate"),
+        (vec!["train", "--shares", "3,x"], "--shares"),
+        (vec!["train", "--balance", "fastest"], "--balance"),
+        (
+            vec!["train", "--global-batch", "32", "--shares", "30,3"],
+            "--shares",
+        ),
         (
             vec![
                 "train",

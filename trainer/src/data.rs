@@ -3,6 +3,10 @@
 //! disjoint samples and together exactly the global batch. The last, incomplete global batch
 //! of an epoch is dropped (like `drop_last=True`), so every step has the same global batch and
 //! the update equals single-process training on that batch.
+//!
+//! Uneven shares ([`DistributedSampler::indices_shared`]): rank r takes the r-th run of
+//! `shares[r]` samples of the same global batch, so the ranks still see exactly the global
+//! batch together, whatever the split (see `balance`).
 
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -27,7 +31,35 @@ impl DistributedSampler {
         rank: usize,
         seed: u64,
     ) -> Result<Self, String> {
-        if global_batch == 0 || !global_batch.is_multiple_of(world) {
+        Self::build(len, global_batch, world, rank, seed, true)
+    }
+
+    /// For uneven shares ([`Self::indices_shared`]): the global batch need only hold one
+    /// sample per rank.
+    pub fn uneven(
+        len: usize,
+        global_batch: usize,
+        world: usize,
+        rank: usize,
+        seed: u64,
+    ) -> Result<Self, String> {
+        Self::build(len, global_batch, world, rank, seed, false)
+    }
+
+    fn build(
+        len: usize,
+        global_batch: usize,
+        world: usize,
+        rank: usize,
+        seed: u64,
+        even: bool,
+    ) -> Result<Self, String> {
+        if global_batch < world {
+            return Err(format!(
+                "--global-batch {global_batch} is smaller than the world size {world}"
+            ));
+        }
+        if even && !global_batch.is_multiple_of(world) {
             return Err(format!(
                 "--global-batch {global_batch} must be a positive multiple of the world size {world}"
             ));
@@ -55,8 +87,17 @@ impl DistributedSampler {
         self.global_batch / self.world
     }
 
-    /// The sample indices this rank trains on at global step `step`.
-    pub fn indices(&mut self, step: usize) -> Vec<usize> {
+    /// This rank's run of the global batch of `step` when the ranks take `shares[r]` samples
+    /// each (`shares` sums to the global batch, one entry per rank).
+    pub fn indices_shared(&mut self, step: usize, shares: &[usize]) -> Vec<usize> {
+        debug_assert_eq!(shares.iter().sum::<usize>(), self.global_batch);
+        let start: usize = shares[..self.rank].iter().sum();
+        let end = start + shares[self.rank];
+        self.global(step)[start..end].to_vec()
+    }
+
+    /// The whole global batch of `step`, in order.
+    fn global(&mut self, step: usize) -> &[usize] {
         let spe = self.steps_per_epoch();
         let (epoch, i) = (step / spe, step % spe);
         if self.cached.as_ref().is_none_or(|(e, _)| *e != epoch) {
@@ -67,9 +108,14 @@ impl DistributedSampler {
             self.cached = Some((epoch, perm));
         }
         let perm = &self.cached.as_ref().expect("just cached").1;
-        let batch = &perm[i * self.global_batch..(i + 1) * self.global_batch];
-        let b = self.local_batch();
-        batch[self.rank * b..(self.rank + 1) * b].to_vec()
+        &perm[i * self.global_batch..(i + 1) * self.global_batch]
+    }
+
+    /// The sample indices this rank trains on at global step `step`.
+    pub fn indices(&mut self, step: usize) -> Vec<usize> {
+        let (b, rank) = (self.local_batch(), self.rank);
+        let batch = self.global(step);
+        batch[rank * b..(rank + 1) * b].to_vec()
     }
 }
 
@@ -104,5 +150,23 @@ mod tests {
         assert_eq!(e0, again);
         assert!(DistributedSampler::new(100, 10, 4, 0, 1).is_err());
         assert!(DistributedSampler::new(4, 8, 2, 0, 1).is_err());
+        assert!(DistributedSampler::uneven(100, 1, 2, 0, 1).is_err());
+    }
+
+    #[test]
+    fn uneven_shares_still_partition_the_global_batch() {
+        let mut single = DistributedSampler::new(100, 10, 1, 0, 9).unwrap();
+        let shares = [6, 1, 3];
+        for step in 0..25 {
+            let all: Vec<usize> = (0..3)
+                .flat_map(|r| {
+                    let mut s = DistributedSampler::uneven(100, 10, 3, r, 9).unwrap();
+                    let v = s.indices_shared(step, &shares);
+                    assert_eq!(v.len(), shares[r]);
+                    v
+                })
+                .collect();
+            assert_eq!(all, single.indices(step));
+        }
     }
 }

@@ -36,6 +36,7 @@
 
 pub use wiretrain_comm as comm;
 
+pub mod balance;
 pub mod checkpoint;
 pub mod data;
 pub mod device;

@@ -122,6 +122,9 @@ pub struct Trainer<M: Module> {
     sent_at_start: u64,
     /// ZeRO-3: time the current step waited for unit all-gathers.
     gather_wait: Duration,
+    /// This rank's gradient and loss weight: share · world / global batch (1 with equal
+    /// shares), so the mean over ranks is the global-batch mean (see `set_sample_weight`).
+    sample_weight: f32,
 }
 
 impl<M: Module> Trainer<M> {
@@ -230,6 +233,7 @@ impl<M: Module> Trainer<M> {
             stop: None,
             sent_at_start: 0,
             gather_wait: Duration::ZERO,
+            sample_weight: 1.0,
         })
     }
 
@@ -311,6 +315,14 @@ impl<M: Module> Trainer<M> {
 
     /// A flag this rank raises to ask for a stop (e.g. on Ctrl-C). It travels with the step's
     /// loss reduction, so every rank sees [`StepReport::stop`] after the same step.
+    /// Uneven batches: this rank trains on `share` of the `global` samples of each step (the
+    /// shares of all ranks sum to `global`). Its gradient and loss are weighted by
+    /// `share · world / global` before the mean over ranks, so the update equals the
+    /// single-process update on the whole global batch. Every strategy supports it.
+    pub fn set_sample_weight(&mut self, share: usize, global: usize) {
+        self.sample_weight = (share * self.pg.world()) as f32 / global.max(1) as f32;
+    }
+
     pub fn set_stop_flag(&mut self, flag: Arc<AtomicBool>) {
         self.stop = Some(flag);
     }
@@ -381,6 +393,7 @@ impl<M: Module> Trainer<M> {
                 for b in &self.buckets {
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    weigh(&mut flat, self.sample_weight);
                     let prev = self.pg.set_wire_dtype(self.cfg.wire);
                     works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
                     self.pg.set_wire_dtype(prev);
@@ -420,6 +433,7 @@ impl<M: Module> Trainer<M> {
                     let sp = span("flatten bucket", "compute");
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
+                    weigh(&mut flat, self.sample_weight);
                     drop(sp);
                     compute += tf.elapsed();
                     let n = zero3::unit_share(&self.pg, node, b.len());
@@ -536,7 +550,10 @@ impl<M: Module> Trainer<M> {
         let world = self.pg.world() as f32;
         let agreed = self
             .pg
-            .all_reduce(vec![local_loss, f32::from(u8::from(stop))], ReduceOp::Sum)
+            .all_reduce(
+                vec![local_loss * self.sample_weight, f32::from(u8::from(stop))],
+                ReduceOp::Sum,
+            )
             .wait()?;
         drop(sp);
         let (loss, stop) = (agreed[0] / world, agreed[1] > 0.0);
@@ -563,6 +580,13 @@ fn owned_master(strategy: Strategy, owned: &[Range<usize>], params: &[f32]) -> V
             .flat_map(|r| params[r.clone()].iter().copied())
             .collect(),
         Strategy::Ddp | Strategy::Zero3 | Strategy::Hsdp => Vec::new(),
+    }
+}
+
+/// Multiplies a rank's flattened gradient by its sample weight (no-op for 1).
+pub(crate) fn weigh(v: &mut [f32], w: f32) {
+    if w != 1.0 {
+        v.iter_mut().for_each(|x| *x *= w);
     }
 }
 

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
+use wiretrain::balance::{Balance, SpeedBalancer};
 use wiretrain::data::DistributedSampler;
 use wiretrain::device::{DeviceSpec, select};
 use wiretrain::models::Example;
@@ -67,6 +68,14 @@ pub struct TrainArgs {
     /// scale per 128 values). Sums accumulate in f32; masters and optimizer state stay f32.
     #[arg(long)]
     pub wire_dtype: Option<String>,
+    /// How the global batch is split over ranks: equal, or speed (shares follow each rank's
+    /// measured samples/s after a short calibration, gradients weighted by share).
+    #[arg(long)]
+    pub balance: Option<String>,
+    /// Fixed per-rank shares of the global batch, comma-separated (sum = --global-batch);
+    /// gradients are weighted by share, as with --balance speed.
+    #[arg(long)]
+    pub shares: Option<String>,
     /// Run AdamW with Burn's tensor ops instead of wiretrain's fused WGSL kernel on wgpu
     /// devices (for comparisons; the math is the same).
     #[arg(long)]
@@ -124,6 +133,8 @@ struct FileConfig {
     prefetch: Option<usize>,
     wire_dtype: Option<String>,
     fused_optimizer: Option<bool>,
+    balance: Option<String>,
+    shares: Option<String>,
     plot: Option<PathBuf>,
     d_model: Option<usize>,
     layers: Option<usize>,
@@ -158,6 +169,7 @@ struct Run {
     prefetch: usize,
     wire: WireDtype,
     fused_optimizer: bool,
+    balance: Balance,
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
@@ -243,6 +255,26 @@ impl TrainArgs {
             .unwrap_or_else(|| "f32".into())
             .parse()
             .map_err(|e| anyhow::anyhow!("--wire-dtype: {e}"))?;
+        let balance = match (
+            self.shares.clone().or(file.shares),
+            self.balance.clone().or(file.balance).as_deref(),
+        ) {
+            (Some(list), None | Some("fixed")) => Balance::Fixed(
+                list.split(',')
+                    .map(|x| x.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| anyhow::anyhow!("--shares {list:?}: {e}"))?,
+            ),
+            (Some(_), Some(b)) => {
+                bail!("--shares sets fixed shares; it cannot go with --balance {b}")
+            }
+            (None, None | Some("equal")) => Balance::Equal,
+            (None, Some("speed")) => Balance::Speed,
+            (None, Some(other)) => bail!("--balance: {other:?} is not equal or speed"),
+        };
+        if balance != Balance::Equal && accumulate > 1 {
+            bail!("--balance/--shares: uneven shares need --accumulate 1");
+        }
         let plot = self
             .plot
             .clone()
@@ -283,6 +315,7 @@ impl TrainArgs {
             prefetch,
             wire,
             fused_optimizer: !self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true),
+            balance,
             plot,
             d_model,
             layers,
@@ -336,7 +369,25 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         );
     }
     let per_step = world_guess * run.accumulate;
-    if run.global_batch == 0 || !run.global_batch.is_multiple_of(per_step) {
+    if let Balance::Fixed(sh) = &run.balance
+        && (sh.len() != world_guess
+            || sh.contains(&0)
+            || sh.iter().sum::<usize>() != run.global_batch)
+    {
+        bail!(
+            "--shares {sh:?}: need {world_guess} shares (one per rank), each at least 1, \
+             summing to --global-batch {}",
+            run.global_batch
+        );
+    }
+    if run.balance != Balance::Equal {
+        if run.global_batch < world_guess {
+            bail!(
+                "--global-batch {} is smaller than the world size {world_guess}",
+                run.global_batch
+            );
+        }
+    } else if run.global_batch == 0 || !run.global_batch.is_multiple_of(per_step) {
         bail!(
             "--global-batch {} must be a positive multiple of the world size {world_guess} \
              times --accumulate {}",
@@ -401,7 +452,12 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
             sh.run.strategy
         );
     }
-    let sampler = DistributedSampler::new(
+    let make = if sh.run.balance == Balance::Equal {
+        DistributedSampler::new
+    } else {
+        DistributedSampler::uneven
+    };
+    let sampler = make(
         sh.data.len(),
         sh.run.global_batch,
         pg.world(),
@@ -574,19 +630,54 @@ fn train_loop<M: Module>(
         trainer.process_group().keep_history(true);
     }
     let slow_rank = slow_rank_hook(rank);
+    let slowdown = slowdown_hook(rank);
+    let mut per_sample_ms: Option<f64> = None;
+    let world = trainer.process_group().world();
+    let mut balancer = SpeedBalancer::new(run.global_batch);
+    let mut shares: Option<Vec<usize>> = None;
+    let mut t_iter = Instant::now();
     for step in start..run.steps {
         if let Some(ms) = slow_step_hook(node, step) {
             std::thread::sleep(Duration::from_millis(ms));
         }
         let st = wiretrain::trace::span(format!("step {step}"), "step");
         let sp = wiretrain::trace::span("data", "data");
-        let idx = sampler.indices(step);
+        shares = match &run.balance {
+            Balance::Equal => None,
+            Balance::Fixed(v) => Some(v.clone()),
+            Balance::Speed => Some(balancer.shares(world)),
+        };
+        let idx = match &shares {
+            None => sampler.indices(step),
+            Some(s) => {
+                trainer.set_sample_weight(s[rank], run.global_batch);
+                sampler.indices_shared(step, s)
+            }
+        };
         drop(sp);
         if let Some(ms) = slow_rank {
             let _s = wiretrain::trace::span("slowed compute (test hook)", "compute");
             std::thread::sleep(Duration::from_millis(ms));
         }
+        // The debug knob: this rank computes `f` times slower. The extra time is spent before
+        // the step's collectives, like a slower device, scaled by this step's samples.
+        let mut slept_ms = 0.0;
+        if let (Some(f), Some(per)) = (slowdown, per_sample_ms) {
+            slept_ms = (f - 1.0) * per * idx.len() as f64;
+            let _s = wiretrain::trace::span("slowed compute (debug knob)", "compute");
+            std::thread::sleep(Duration::from_secs_f64(slept_ms / 1e3));
+        }
         let rep = step_fn(&mut trainer, &idx)?;
+        per_sample_ms = Some(rep.compute_ms / idx.len().max(1) as f64);
+        let compute_ms = rep.compute_ms + slept_ms;
+        if run.balance == Balance::Speed {
+            // Everyone gets everyone's speed, so all ranks compute the same shares.
+            let speed = idx.len() as f64 / (compute_ms / 1e3).max(1e-9);
+            let pg = trainer.process_group();
+            let n = pg.shard_range(world).len();
+            let all = pg.all_gather(vec![speed as f32; n], world).wait()?;
+            balancer.observe(&all);
+        }
         drop(st);
         if sh.trace.is_some() {
             wiretrain::trace::add_comm_track(trainer.process_group());
@@ -617,16 +708,24 @@ fn train_loop<M: Module>(
                 "optim_ms": rep.optim_ms,
                 "gather_ms": rep.gather_ms,
                 "sent_bytes": rep.sent_bytes,
+                "shares": shares,
+                // The whole loop iteration on the leader: the step plus anything between steps.
+                "wall_ms": t_iter.elapsed().as_secs_f64() * 1e3,
             });
             writeln!(o, "{line}")?;
             o.flush()?;
         }
+        t_iter = Instant::now();
         bar.set_position(step as u64 + 1);
         bar.set_message(format!(
-            "loss {:.4} | {:.0} samples/s | comm {:.0}%",
+            "loss {:.4} | {:.0} samples/s | comm {:.0}%{}",
             rep.loss,
             samples_per_s,
-            100.0 * rep.comm_ms / rep.step_ms.max(1e-9)
+            100.0 * rep.comm_ms / rep.step_ms.max(1e-9),
+            shares
+                .as_ref()
+                .map(|s| format!(" | shares {s:?}"))
+                .unwrap_or_default()
         ));
         let done = step + 1;
         if let Some(c) = &run.checkpoint
@@ -708,6 +807,13 @@ fn train_loop<M: Module>(
             "optimizer": trainer.optimizer_path(),
             "kernels": trainer.kernel_counters(),
             "memory_per_rank": per_rank,
+            "balance": match &run.balance {
+                Balance::Equal => "equal",
+                Balance::Speed => "speed",
+                Balance::Fixed(_) => "fixed",
+            },
+            "shares": shares,
+            "speeds": balancer.speeds(),
         });
         writeln!(o, "{summary}")?;
         o.flush()?;
@@ -741,6 +847,17 @@ fn slow_step_hook(node: usize, step: usize) -> Option<u64> {
     let mut it = v.split(':').map(|x| x.parse::<u64>().ok());
     let (n, s, ms) = (it.next()??, it.next()??, it.next()??);
     (n == node as u64 && s == step as u64).then_some(ms)
+}
+
+/// `WIRETRAIN_DEBUG_SLOWDOWN=rank:factor` makes rank `rank` compute `factor` times slower
+/// (before each step's collectives it sleeps `factor - 1` times its last per-sample compute
+/// time per sample of the step, and counts it as compute): a stand-in for a slower card when
+/// trying `--balance speed`. Unset in normal runs.
+fn slowdown_hook(rank: usize) -> Option<f64> {
+    let v = std::env::var("WIRETRAIN_DEBUG_SLOWDOWN").ok()?;
+    let (r, f) = v.split_once(':')?;
+    let f: f64 = f.parse().ok()?;
+    (r.parse::<usize>().ok()? == rank && f.is_finite() && f >= 1.0).then_some(f)
 }
 
 /// `WIRETRAIN_TEST_SLOW_RANK=rank:ms` makes rank `rank` spend `ms` more in every step: the

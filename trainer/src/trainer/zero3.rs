@@ -348,6 +348,7 @@ impl<M: Units> Trainer<M> {
             let mut flat = Vec::new();
             self.layout
                 .flatten_grads(&mut gp, units[u].clone(), &mut flat);
+            super::weigh(&mut flat, self.sample_weight);
             drop(gp);
             drop(sf);
             let fr = crate::trace::span(format!("free unit {u}"), "compute");
