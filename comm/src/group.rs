@@ -59,10 +59,12 @@ pub enum OpKind {
     HybridReduce,
     /// Gather inside the node only: every rank contributes its node pieces.
     NodeGather,
+    /// All-reduce among the ranks of each node only (shared memory, nothing between nodes).
+    NodeReduce,
 }
 
 impl OpKind {
-    pub const MAX_CODE: u8 = 8;
+    pub const MAX_CODE: u8 = 9;
 
     pub fn code(self) -> u8 {
         match self {
@@ -74,6 +76,7 @@ impl OpKind {
             Self::P2p => 6,
             Self::HybridReduce => 7,
             Self::NodeGather => 8,
+            Self::NodeReduce => 9,
         }
     }
 
@@ -87,6 +90,7 @@ impl OpKind {
             Self::P2p => "p2p",
             Self::HybridReduce => "hybrid_reduce",
             Self::NodeGather => "node_gather",
+            Self::NodeReduce => "node_reduce",
         }
     }
 }
@@ -409,9 +413,6 @@ impl ProcessGroup {
         .wait()
     }
 
-    /// Raw transport measurement: lane owners send the first half of `buf` to the next node
-    /// and receive the second half from the previous node, both directions at once.
-    /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
     /// The ranges of a buffer of `len` elements this rank owns in hybrid sharding: its node's
     /// share, cut among the node's ranks, identical (by position) on every node. Empty for a
     /// rank beyond the smallest node's rank count.
@@ -448,6 +449,20 @@ impl ProcessGroup {
         })
     }
 
+    /// All-reduce among the ranks of this rank's node only, in place, over shared memory: no
+    /// byte crosses nodes (DiLoCo's inner steps). Mean divides by the node's rank count.
+    pub fn node_all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
+        self.submit(OpKind::NodeReduce, 4 * buf.len(), move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            let r = ex.collective(id, &mut buf, len, 0, op);
+            keep_or_leak(r, buf)
+        })
+    }
+
+    /// Raw transport measurement: lane owners send the first half of `buf` to the next node
+    /// and receive the second half from the previous node, both directions at once.
+    /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
     pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.submit(OpKind::P2p, 4 * buf.len(), move |ex, id| {
             let mut buf = buf;
@@ -677,7 +692,12 @@ impl Executor {
             return self.barrier(id, bytes, deadline);
         }
         match id.kind {
-            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::Barrier | OpKind::HybridReduce => {
+            OpKind::AllReduce
+            | OpKind::ReduceScatter
+            | OpKind::Barrier
+            | OpKind::HybridReduce
+            | OpKind::NodeReduce => {
+                let node_only = id.kind == OpKind::NodeReduce;
                 if let Some(l) = my_lane {
                     let pieces = lay.lane_pieces(l);
                     if k > 1 {
@@ -687,7 +707,7 @@ impl Executor {
                             unsafe { sum_into(&peers, j, k, r.clone(), 1.0, false) };
                         }
                     }
-                    if nn > 1 {
+                    if nn > 1 && !node_only {
                         let steps = if id.kind == OpKind::ReduceScatter {
                             ring::reduce_scatter(n, nn)
                         } else {
@@ -714,9 +734,10 @@ impl Executor {
                         } else {
                             pieces.clone()
                         };
+                        let by = if node_only { k as f32 } else { world };
                         for r in owned {
                             let dst = unsafe { peers.write(j, r) };
-                            dst.iter_mut().for_each(|x| *x /= world);
+                            dst.iter_mut().for_each(|x| *x /= by);
                         }
                     }
                 }
@@ -823,7 +844,7 @@ impl Executor {
         };
         match id.kind {
             // SAFETY: chunk j of every buffer belongs to rank j in this phase.
-            OpKind::AllReduce | OpKind::Barrier => unsafe {
+            OpKind::AllReduce | OpKind::Barrier | OpKind::NodeReduce => unsafe {
                 sum_into(peers, j, k, mine, divisor, true)
             },
             // With one node, node pieces are the ranks' chunks.

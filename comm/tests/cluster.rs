@@ -317,3 +317,38 @@ fn hybrid_reduce_and_node_gather() {
         }
     }
 }
+
+/// `node_all_reduce`: each node's ranks reduce among themselves over shared memory, uneven
+/// node sizes included, and not one byte crosses nodes.
+#[test]
+fn node_all_reduce_stays_inside_the_node() {
+    for shape in [vec![2, 2], vec![3, 1], vec![1, 3]] {
+        let res = cluster(&shape, "test-token", move |mut pg| {
+            let before = pg.bytes_sent();
+            let r = pg.rank() as f32;
+            let len = 1001;
+            let sum = pg
+                .node_all_reduce(vec![r; len], ReduceOp::Sum)
+                .wait()
+                .map_err(|e| e.to_string())?;
+            let mean = pg
+                .node_all_reduce(vec![r; len], ReduceOp::Mean)
+                .wait()
+                .map_err(|e| e.to_string())?;
+            Ok::<_, String>((pg.node(), sum, mean, pg.bytes_sent() - before))
+        });
+        for (n, node) in res.into_iter().enumerate() {
+            let ranks = node.expect("node");
+            let first: usize = shape[..n].iter().sum();
+            let want: f32 = (first..first + shape[n]).map(|r| r as f32).sum();
+            for r in ranks {
+                let (node, sum, mean, sent) = r.expect("rank");
+                assert_eq!(node, n);
+                assert!(sum.iter().all(|&x| x == want), "{shape:?} node {n}");
+                let m = want / shape[n] as f32;
+                assert!(mean.iter().all(|&x| x == m), "{shape:?} node {n} mean");
+                assert_eq!(sent, 0, "{shape:?}: bytes crossed nodes");
+            }
+        }
+    }
+}

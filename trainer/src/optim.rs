@@ -272,6 +272,19 @@ impl ShardOptimizer {
         Ok(())
     }
 
+    /// Replaces the master (after an outer step changed the parameters): the fused path
+    /// uploads it to the device; elsewhere the caller's parameters already are the master.
+    pub fn set_master(&mut self, params: &[f32]) -> Result<(), String> {
+        if let Kind::Fused(f) = &mut self.kind
+            && let Some(s) = &f.shard
+        {
+            f.kernels
+                .write(s.param(), params)
+                .map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+
     /// The f32 master when the device holds it (fused path after its first step); `None`
     /// means the caller's parameters are the master.
     pub fn device_master(&self) -> Result<Option<Vec<f32>>, String> {

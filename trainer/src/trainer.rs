@@ -60,6 +60,37 @@ pub struct TrainerConfig {
     /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
     /// device) instead of Burn's tensor ops. Same math; off for comparisons.
     pub fused_optimizer: bool,
+    /// DiLoCo on top of DDP: inner steps reduce inside the node only; every `inner_steps`
+    /// steps the nodes average their parameter deltas (the only traffic between nodes) and
+    /// apply an outer Nesterov-momentum SGD step.
+    pub diloco: Option<Diloco>,
+}
+
+/// DiLoCo's outer loop (Douillard et al. 2023): defaults outer lr 0.7, momentum 0.9.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Diloco {
+    /// Inner (local) optimizer steps per outer step (H).
+    pub inner_steps: usize,
+    pub outer_lr: f32,
+    pub outer_momentum: f32,
+}
+
+impl Default for Diloco {
+    fn default() -> Self {
+        Self {
+            inner_steps: 50,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+        }
+    }
+}
+
+/// DiLoCo's state: the parameters at the start of the round and the outer momentum.
+#[derive(Debug, Clone, Default)]
+struct OuterState {
+    anchor: Vec<f32>,
+    momentum: Vec<f32>,
+    inner_done: usize,
 }
 
 impl TrainerConfig {
@@ -72,6 +103,7 @@ impl TrainerConfig {
             prefetch: 1,
             wire: WireDtype::F32,
             fused_optimizer: true,
+            diloco: None,
         }
     }
 }
@@ -125,6 +157,8 @@ pub struct Trainer<M: Module> {
     /// This rank's gradient and loss weight: share · world / global batch (1 with equal
     /// shares), so the mean over ranks is the global-batch mean (see `set_sample_weight`).
     sample_weight: f32,
+    /// DiLoCo only.
+    outer: Option<OuterState>,
 }
 
 impl<M: Module> Trainer<M> {
@@ -200,6 +234,21 @@ impl<M: Module> Trainer<M> {
             None => (layout.unflatten(model, &params), params),
         };
         let master = owned_master(cfg.strategy, &owned, &params);
+        if cfg.diloco.is_some() && cfg.strategy != Strategy::Ddp {
+            return Err(TrainError::Config(
+                "diloco runs on top of ddp (inner steps replicate the model inside a node)".into(),
+            ));
+        }
+        if cfg.diloco.is_some_and(|d| d.inner_steps == 0) {
+            return Err(TrainError::Config(
+                "diloco needs at least 1 inner step".into(),
+            ));
+        }
+        let outer = cfg.diloco.map(|_| OuterState {
+            anchor: params.clone(),
+            momentum: vec![0.0; params.len()],
+            inner_done: 0,
+        });
         let kernels = cfg
             .fused_optimizer
             .then(|| crate::device::kernels_for(device))
@@ -234,6 +283,7 @@ impl<M: Module> Trainer<M> {
             sent_at_start: 0,
             gather_wait: Duration::ZERO,
             sample_weight: 1.0,
+            outer,
         })
     }
 
@@ -394,9 +444,16 @@ impl<M: Module> Trainer<M> {
                     let mut flat = Vec::new();
                     self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
                     weigh(&mut flat, self.sample_weight);
-                    let prev = self.pg.set_wire_dtype(self.cfg.wire);
-                    works.push((b.clone(), self.pg.all_reduce(flat, ReduceOp::Mean)));
-                    self.pg.set_wire_dtype(prev);
+                    let w = if self.outer.is_some() {
+                        // DiLoCo's inner step: shared memory inside the node only.
+                        self.pg.node_all_reduce(flat, ReduceOp::Mean)
+                    } else {
+                        let prev = self.pg.set_wire_dtype(self.cfg.wire);
+                        let w = self.pg.all_reduce(flat, ReduceOp::Mean);
+                        self.pg.set_wire_dtype(prev);
+                        w
+                    };
+                    works.push((b.clone(), w));
                 }
                 drop(sp);
                 compute += tf.elapsed();
@@ -418,6 +475,11 @@ impl<M: Module> Trainer<M> {
                 self.opt
                     .step_with(self.cfg.lr, &mut self.params, &full, opts)
                     .map_err(TrainError::Optimizer)?;
+                drop(_s);
+                let to = Instant::now();
+                if self.outer_step()? {
+                    comm += to.elapsed();
+                }
             }
             Strategy::Zero3 | Strategy::Hsdp => unreachable!("refused above"),
             Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => {
@@ -483,6 +545,49 @@ impl<M: Module> Trainer<M> {
         }
         let opt_time = t_opt.elapsed();
         self.finish(model, t0, local_loss, compute, comm, opt_time)
+    }
+
+    /// DiLoCo: after every `inner_steps` inner steps, averages the parameter deltas of all
+    /// nodes (in the wire dtype; the only bytes between nodes) and applies the outer
+    /// Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m). Returns whether it ran.
+    fn outer_step(&mut self) -> Result<bool, TrainError> {
+        let Some(d) = self.cfg.diloco else {
+            return Ok(false);
+        };
+        let outer = self.outer.as_mut().expect("diloco state");
+        outer.inner_done += 1;
+        if !outer.inner_done.is_multiple_of(d.inner_steps) {
+            return Ok(false);
+        }
+        let _s = span("outer step", "comm");
+        let delta: Vec<f32> = outer
+            .anchor
+            .iter()
+            .zip(&self.params)
+            .map(|(a, p)| a - p)
+            .collect();
+        let prev = self.pg.set_wire_dtype(self.cfg.wire);
+        let w = self.pg.all_reduce(delta, ReduceOp::Mean);
+        self.pg.set_wire_dtype(prev);
+        let delta = w.wait()?;
+        let outer = self.outer.as_mut().expect("diloco state");
+        let (lr, mu) = (d.outer_lr, d.outer_momentum);
+        for (((a, m), p), g) in outer
+            .anchor
+            .iter_mut()
+            .zip(outer.momentum.iter_mut())
+            .zip(self.params.iter_mut())
+            .zip(&delta)
+        {
+            *m = mu * *m + g;
+            *a -= lr * (g + mu * *m);
+            *p = *a;
+        }
+        // The fused optimizer keeps its own master on the device: hand it the new one.
+        self.opt
+            .set_master(&self.params)
+            .map_err(TrainError::Optimizer)?;
+        Ok(true)
     }
 
     /// ZeRO-1/2, hybrid: gathers every rank's share of every bucket (its master, in the

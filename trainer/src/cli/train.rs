@@ -21,7 +21,7 @@ use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
 use wiretrain::models::mlp::{Dataset, Mlp};
 use wiretrain::plot::{PlotPoint, plot_run};
 use wiretrain::strategy::Strategy;
-use wiretrain::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
+use wiretrain::trainer::{Diloco, StepReport, TrainError, Trainer, TrainerConfig};
 use wiretrain::units::{Act, Units};
 use wiretrain_comm::{Node, WireDtype};
 
@@ -30,7 +30,8 @@ pub struct TrainArgs {
     /// Built-in example to train: mlp, char-lm.
     #[arg(long)]
     pub example: Option<String>,
-    /// Parallel strategy: ddp, zero1, zero2, zero3 (alias fsdp), hybrid, hsdp.
+    /// Parallel strategy: ddp, zero1, zero2, zero3 (alias fsdp), hybrid, hsdp, diloco (DDP
+    /// inside each node, nodes averaging parameter deltas every --inner-steps steps).
     #[arg(long)]
     pub strategy: Option<String>,
     /// Optimizer steps.
@@ -68,6 +69,15 @@ pub struct TrainArgs {
     /// scale per 128 values). Sums accumulate in f32; masters and optimizer state stay f32.
     #[arg(long)]
     pub wire_dtype: Option<String>,
+    /// diloco: inner steps per outer step (default 50).
+    #[arg(long)]
+    pub inner_steps: Option<usize>,
+    /// diloco: outer learning rate (default 0.7).
+    #[arg(long)]
+    pub outer_lr: Option<f32>,
+    /// diloco: outer Nesterov momentum (default 0.9).
+    #[arg(long)]
+    pub outer_momentum: Option<f32>,
     /// How the global batch is split over ranks: equal, or speed (shares follow each rank's
     /// measured samples/s after a short calibration, gradients weighted by share).
     #[arg(long)]
@@ -135,6 +145,9 @@ struct FileConfig {
     fused_optimizer: Option<bool>,
     balance: Option<String>,
     shares: Option<String>,
+    inner_steps: Option<usize>,
+    outer_lr: Option<f32>,
+    outer_momentum: Option<f32>,
     plot: Option<PathBuf>,
     d_model: Option<usize>,
     layers: Option<usize>,
@@ -170,10 +183,22 @@ struct Run {
     wire: WireDtype,
     fused_optimizer: bool,
     balance: Balance,
+    diloco: Option<Diloco>,
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
     checkpoint: Option<CkptPlan>,
+}
+
+impl Run {
+    /// The strategy as the user named it (diloco runs on top of ddp).
+    fn strategy_name(&self) -> String {
+        if self.diloco.is_some() {
+            "diloco".into()
+        } else {
+            self.strategy.to_string()
+        }
+    }
 }
 
 impl TrainArgs {
@@ -199,9 +224,43 @@ impl TrainArgs {
             .clone()
             .or(file.strategy)
             .unwrap_or_else(|| "ddp".into());
-        let strategy: Strategy = strategy
-            .parse()
-            .map_err(|e| anyhow::anyhow!("--strategy: {e}"))?;
+        let diloco = (strategy == "diloco").then(|| {
+            let d = Diloco::default();
+            Diloco {
+                inner_steps: self
+                    .inner_steps
+                    .or(file.inner_steps)
+                    .unwrap_or(d.inner_steps),
+                outer_lr: self.outer_lr.or(file.outer_lr).unwrap_or(d.outer_lr),
+                outer_momentum: self
+                    .outer_momentum
+                    .or(file.outer_momentum)
+                    .unwrap_or(d.outer_momentum),
+            }
+        });
+        if let Some(d) = &diloco {
+            if d.inner_steps == 0 {
+                bail!("--inner-steps must be at least 1");
+            }
+            if !(d.outer_lr.is_finite() && d.outer_lr > 0.0) {
+                bail!("--outer-lr: {} must be a positive number", d.outer_lr);
+            }
+            if !(0.0..1.0).contains(&d.outer_momentum) {
+                bail!("--outer-momentum: {} is outside [0, 1)", d.outer_momentum);
+            }
+        } else if self.inner_steps.is_some()
+            || self.outer_lr.is_some()
+            || self.outer_momentum.is_some()
+        {
+            bail!("--inner-steps, --outer-lr and --outer-momentum belong to --strategy diloco");
+        }
+        let strategy: Strategy = if diloco.is_some() {
+            Strategy::Ddp
+        } else {
+            strategy
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--strategy: {e} (or diloco)"))?
+        };
         let device = self
             .device
             .clone()
@@ -290,6 +349,11 @@ impl TrainArgs {
             bail!("--checkpoint-keep must be at least 1");
         }
         let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
+            Some(_) if diloco.is_some() => {
+                bail!(
+                    "--checkpoint-dir: diloco checkpoints (outer and per-node inner state) are not built yet"
+                )
+            }
             Some(dir) => Some(CkptPlan {
                 dir,
                 every,
@@ -316,6 +380,7 @@ impl TrainArgs {
             wire,
             fused_optimizer: !self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true),
             balance,
+            diloco,
             plot,
             d_model,
             layers,
@@ -449,7 +514,7 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
             sh.run.example,
             rd.description,
             pg.world(),
-            sh.run.strategy
+            sh.run.strategy_name()
         );
     }
     let make = if sh.run.balance == Balance::Equal {
@@ -471,6 +536,7 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
     tc.prefetch = sh.run.prefetch;
     tc.wire = sh.run.wire;
     tc.fused_optimizer = sh.run.fused_optimizer;
+    tc.diloco = sh.run.diloco;
     match sh.data.clone() {
         Data::Mlp(data) => train_model(
             Mlp::new(&device, sh.run.seed),
@@ -787,7 +853,8 @@ fn train_loop<M: Module>(
         let summary = serde_json::json!({
             "summary": true,
             "example": run.example.to_string(),
-            "strategy": run.strategy.to_string(),
+            "strategy": run.strategy_name(),
+            "diloco": run.diloco,
             "world": world,
             "steps": run.steps,
             "steps_done": steps_done,
@@ -831,7 +898,9 @@ fn train_loop<M: Module>(
         if let Some(p) = &run.plot {
             let title = format!(
                 "{} {} world {world}, global batch {}",
-                run.example, run.strategy, run.global_batch
+                run.example,
+                run.strategy_name(),
+                run.global_batch
             );
             plot_run(p, &title, &points)?;
             eprintln!("wiretrain: plot written to {}", p.display());
