@@ -20,7 +20,10 @@
 //! - **Compute**: 6·Ψ FLOPs per token (8·Ψ with recomputation) at the device's achieved TFLOP/s.
 //! - **Overlap**: `step = compute + max((1 − overlap)·comm, comm − compute)`; the default overlap
 //!   0 is wiretrain today for DDP/ZeRO-1/2 (communication after the backward pass), 1 would be
-//!   perfect overlap. The optimizer step and data loading are not counted.
+//!   perfect overlap. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`) also hides its
+//!   two parameter all-gathers (2/3 of its communication) behind compute:
+//!   `exposed = max((1 − overlap)·comm/3 + max(0, 2·comm/3 − compute), comm − compute)`.
+//!   The optimizer step and data loading are not counted.
 
 use serde::Serialize;
 use std::fmt;
@@ -202,6 +205,9 @@ pub struct PlanInput {
     pub recompute: bool,
     /// Fraction of communication hidden behind compute (0..=1).
     pub overlap: f64,
+    /// ZeRO-3 prefetches the next unit's parameters while a unit computes, hiding its
+    /// all-gathers behind compute.
+    pub prefetch: bool,
 }
 
 /// The plan of one strategy.
@@ -351,10 +357,13 @@ impl PlanInput {
                 let (p, g, o) = self.model_states(st);
                 let bytes = p + g + o + act;
                 let (volume, intra, inter, comm_s) = self.communication(st);
-                let step_s = compute_s
-                    + ((1.0 - self.overlap) * comm_s)
-                        .max(comm_s - compute_s)
-                        .max(0.0);
+                let exposed = if st == PlanStrategy::Zero3 && self.prefetch {
+                    let gathers = 2.0 * comm_s / 3.0;
+                    (1.0 - self.overlap) * (comm_s - gathers) + (gathers - compute_s).max(0.0)
+                } else {
+                    (1.0 - self.overlap) * comm_s
+                };
+                let step_s = compute_s + exposed.max(comm_s - compute_s).max(0.0);
                 StrategyPlan {
                     strategy: st,
                     params_bytes: p,
@@ -453,6 +462,7 @@ mod tests {
             inter: Link::preset("ib-hdr").unwrap(),
             recompute: false,
             overlap: 0.0,
+            prefetch: false,
         }
     }
 
@@ -547,6 +557,38 @@ mod tests {
         let re = p.activation_bytes();
         assert_eq!(re, 2.0 * 1024.0 * 768.0 * 12.0);
         assert!(full > 10.0 * re);
+    }
+
+    #[test]
+    fn zero3_prefetch_hides_its_gathers_up_to_the_compute_time() {
+        let mut p = zero_paper();
+        p.device_mem = 1e12;
+        let z3 = |p: &PlanInput| {
+            p.plan()
+                .into_iter()
+                .find(|x| x.strategy == PlanStrategy::Zero3)
+                .unwrap()
+        };
+        let plain = z3(&p);
+        p.prefetch = true;
+        let pre = z3(&p);
+        assert_eq!(plain.comm_s, pre.comm_s);
+        assert!(pre.step_s < plain.step_s);
+        // Communication-bound here: the gathers outlast compute, the step is the communication.
+        assert!(pre.compute_s < 2.0 * pre.comm_s / 3.0);
+        assert!((pre.step_s - pre.comm_s).abs() < 1e-12);
+        // Compute-bound (slower devices): only the reduce-scatter is exposed.
+        p.tflops = 5.0;
+        let pre = z3(&p);
+        assert!(pre.compute_s >= 2.0 * pre.comm_s / 3.0);
+        let want = pre.compute_s + pre.comm_s / 3.0;
+        assert!((pre.step_s - want).abs() < 1e-9, "{} vs {want}", pre.step_s);
+        // Other strategies are unaffected.
+        assert_eq!(
+            plain.step_s - plain.compute_s,
+            plain.comm_s.max(0.0),
+            "no overlap without prefetch"
+        );
     }
 
     #[test]
