@@ -29,6 +29,8 @@ pub mod config;
 pub mod error;
 pub mod flight;
 pub mod group;
+#[cfg(feature = "nccl")]
+pub mod nccl;
 pub mod rendezvous;
 pub mod tls;
 pub mod topology;

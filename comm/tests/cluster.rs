@@ -2,84 +2,11 @@
 //! shared buffers): fast coverage of every op and shape. The multi-process tests in the
 //! top-level tests/ run the same checks between real processes.
 
-use std::net::SocketAddr;
-use std::thread;
-use std::time::Duration;
+mod common;
+
+use common::cluster;
 use wiretrain_comm::bench::{BenchOp, BenchSpec, run_rank};
-use wiretrain_comm::{Error, Node, NodeConfig, ProcessGroup, ReduceOp, WireDtype};
-
-/// Starts `shape.len()` nodes (node i hosts shape[i] ranks) and runs `f` on every rank.
-pub fn cluster<T: Send + 'static>(
-    shape: &[usize],
-    token: &str,
-    f: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
-) -> Vec<Result<Vec<T>, Error>> {
-    let dir = tempdir();
-    let addr_file = dir.join("addr");
-    let nn = shape.len();
-    let mut handles = Vec::new();
-    for (i, &k) in shape.iter().enumerate() {
-        let f = f.clone();
-        let addr_file = addr_file.clone();
-        let token = token.to_string();
-        handles.push(thread::spawn(move || -> Result<Vec<T>, Error> {
-            let master: SocketAddr = if i == 0 {
-                "127.0.0.1:0".parse().unwrap()
-            } else {
-                let mut waited = 0;
-                loop {
-                    if let Ok(s) = std::fs::read_to_string(&addr_file) {
-                        break s.trim().parse().unwrap();
-                    }
-                    thread::sleep(Duration::from_millis(20));
-                    waited += 1;
-                    assert!(waited < 500, "node 0 never wrote its address");
-                }
-            };
-            let mut cfg = NodeConfig::new(nn, Some(i), master, k, token.into())?;
-            cfg.rendezvous_timeout(Duration::from_secs(20))
-                .collective_timeout(Duration::from_secs(60));
-            if i == 0 {
-                cfg.addr_file(addr_file.clone());
-            } else {
-                cfg.bind(format!("127.0.0.{}:0", i + 1).parse().unwrap());
-            }
-            let mut node = Node::join(cfg)?;
-            let groups = node.take_groups();
-            let hs: Vec<_> = groups
-                .into_iter()
-                .map(|pg| {
-                    let f = f.clone();
-                    thread::spawn(move || f(pg))
-                })
-                .collect();
-            let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
-            node.shutdown()?;
-            Ok(out)
-        }));
-    }
-    handles.into_iter().map(|h| h.join().unwrap()).collect()
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "wiretrain-test-{}-{}",
-        std::process::id(),
-        rand_suffix()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn rand_suffix() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static N: AtomicU64 = AtomicU64::new(0);
-    N.fetch_add(1, Ordering::SeqCst)
-        ^ std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos() as u64
-}
+use wiretrain_comm::{ReduceOp, WireDtype};
 
 fn check_shape(shape: &[usize], sizes: &[usize], iters: usize) {
     check_shape_wire(shape, sizes, iters, WireDtype::F32);

@@ -40,6 +40,11 @@ pub struct BenchArgs {
     /// bf16 or int8 (block-quantized, one f32 scale per 128 values). Sums accumulate in f32.
     #[arg(long, default_value = "f32")]
     pub wire_dtype: wiretrain_comm::WireDtype,
+    /// Transport: quic (wiretrain's: shared memory in a node, QUIC between nodes) or nccl
+    /// (global rank r on CUDA device r mod the device count; needs a binary built with
+    /// `--features nccl`).
+    #[arg(long, default_value = "quic")]
+    pub backend: String,
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     pub json: bool,
@@ -111,6 +116,14 @@ impl BenchArgs {
 /// Runs the benchmark on this node (every node of the job runs this).
 pub fn run(args: &BenchArgs) -> Result<()> {
     let spec = args.spec()?;
+    match args.backend.as_str() {
+        "quic" => {}
+        "nccl" if cfg!(feature = "nccl") => {}
+        "nccl" => bail!(
+            "--backend nccl: this binary was built without NCCL (cargo build --features nccl)"
+        ),
+        other => bail!("--backend: {other:?} is not quic or nccl"),
+    }
     if let Some(nodes) = args.local {
         if nodes == 0 || nodes > 64 {
             bail!("--local: {nodes} is outside 1..=64");
@@ -137,12 +150,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .map(|mut pg| {
             let spec = spec.clone();
             let header = bench::table_header(table.num_nodes(), &rpn, table.world(), &spec);
+            let nccl = args.backend == "nccl";
             std::thread::spawn(move || -> Result<Vec<BenchRow>> {
                 let leader = pg.rank() == 0;
                 if leader && !json {
                     println!("{header}");
                 }
-                let rows = bench::run_rank(&mut pg, &spec, |row| {
+                let print = |row: &BenchRow| {
                     if leader {
                         let line = if json {
                             serde_json::to_string(row).expect("rows serialize")
@@ -153,7 +167,24 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         let _ = writeln!(out, "{line}");
                         let _ = out.flush();
                     }
-                })?;
+                };
+                if nccl {
+                    #[cfg(feature = "nccl")]
+                    {
+                        // Global rank modulo the devices: the local rank on a node of one rank
+                        // per GPU, and distinct GPUs for `--local` nodes sharing one machine.
+                        let count = wiretrain_comm::nccl::probe()
+                            .map_err(|e| anyhow::anyhow!("--backend nccl: {e}"))?;
+                        let device = pg.rank() % count;
+                        let rows = wiretrain_comm::nccl::bench_rank(&mut pg, device, &spec, print)
+                            .map_err(|e| anyhow::anyhow!("NCCL on cuda:{device}: {e}"))?;
+                        if leader && !json {
+                            println!("{}", bench::table_footer(&rows));
+                        }
+                        return Ok(rows);
+                    }
+                }
+                let rows = bench::run_rank(&mut pg, &spec, print)?;
                 if leader && !json {
                     println!("{}", bench::table_footer(&rows));
                 }

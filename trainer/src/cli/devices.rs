@@ -31,6 +31,20 @@ pub fn run() -> Result<()> {
         "{:<8} {:<10} {:<14} burn flex (CPU backend)",
         "cpu", "-", "Cpu"
     );
+    #[cfg(feature = "nccl")]
+    match wiretrain_comm::nccl::probe() {
+        Ok(n) => {
+            for d in 0..n {
+                println!(
+                    "{:<8} {:<10} {:<14} CUDA device {d} (collectives: `bench --backend nccl`)",
+                    format!("cuda:{d}"),
+                    "CUDA",
+                    "DiscreteGpu"
+                );
+            }
+        }
+        Err(e) => println!("# cuda: {e}"),
+    }
     if adapters.is_empty() {
         println!(
             "# no Vulkan/Metal/DX12 adapter: `--device auto` uses the CPU backend (apt-get install mesa-vulkan-drivers gives lavapipe)"

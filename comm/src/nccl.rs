@@ -1,0 +1,293 @@
+//! NCCL collectives on CUDA devices (cargo feature `nccl`), for NVLink/InfiniBand clusters.
+//!
+//! Built on cudarc with dynamic loading: nothing links at build time, so the feature compiles
+//! (and its tests run, skipping) on machines without CUDA. At run time [`probe`] says whether
+//! `libcuda` and `libnccl` are present and how many devices there are; where libnccl is
+//! missing, the `nvidia-nccl-cu13` Python wheel ships `libnccl.so.2` (add its `lib` directory
+//! to `LD_LIBRARY_PATH`).
+//!
+//! The NCCL unique id travels through wiretrain's own rendezvous: rank 0 creates it and
+//! broadcasts its 128 bytes over the job's process group (QUIC between nodes, shared memory
+//! inside one), each byte carried exactly as an f32. Every rank then joins the NCCL
+//! communicator with its global rank, on its own CUDA device.
+
+use crate::group::{ProcessGroup, ReduceOp};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
+use cudarc::nccl::{Comm, Id};
+use std::sync::Arc;
+
+/// What can go wrong on the NCCL path.
+#[derive(Debug, thiserror::Error)]
+pub enum NcclError {
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("CUDA: {0:?}")]
+    Cuda(cudarc::driver::DriverError),
+    #[error("NCCL: {0:?}")]
+    Nccl(cudarc::nccl::result::NcclError),
+    #[error("exchanging the NCCL id through the process group: {0}")]
+    Exchange(#[from] crate::Error),
+    #[error("{what}: {got} elements, {want} expected")]
+    Length {
+        what: &'static str,
+        got: usize,
+        want: usize,
+    },
+}
+
+impl From<cudarc::driver::DriverError> for NcclError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        Self::Cuda(e)
+    }
+}
+
+impl From<cudarc::nccl::result::NcclError> for NcclError {
+    fn from(e: cudarc::nccl::result::NcclError) -> Self {
+        Self::Nccl(e)
+    }
+}
+
+/// The CUDA devices of this machine, or why the NCCL path cannot run here (no driver, no
+/// libnccl), in words a user can act on.
+pub fn probe() -> Result<usize, NcclError> {
+    // SAFETY: only tries to open the shared libraries by name.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(NcclError::Unavailable(
+            "no CUDA driver (libcuda.so) on this machine".into(),
+        ));
+    }
+    // SAFETY: as above.
+    if !unsafe { cudarc::nccl::sys::is_culib_present() } {
+        return Err(NcclError::Unavailable(
+            "libnccl.so.2 not found: install NCCL, or `pip install nvidia-nccl-cu13` and add its \
+             nvidia/nccl/lib directory to LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    let n = CudaContext::device_count()?;
+    if n < 1 {
+        return Err(NcclError::Unavailable(
+            "the CUDA driver sees no device".into(),
+        ));
+    }
+    Ok(n as usize)
+}
+
+/// One rank's NCCL communicator over the whole job.
+pub struct NcclGroup {
+    comm: Comm,
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for NcclGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclGroup")
+            .field("rank", &self.comm.rank())
+            .field("world", &self.comm.world_size())
+            .field("device", &self.ctx.ordinal())
+            .finish()
+    }
+}
+
+fn nccl_op(op: ReduceOp) -> cudarc::nccl::ReduceOp {
+    match op {
+        ReduceOp::Sum => cudarc::nccl::ReduceOp::Sum,
+        ReduceOp::Mean => cudarc::nccl::ReduceOp::Avg,
+    }
+}
+
+impl NcclGroup {
+    /// Joins the job's NCCL communicator on CUDA device `device` (a collective: every rank of
+    /// `pg` calls it). The id is exchanged over `pg`.
+    pub fn new(pg: &mut ProcessGroup, device: usize) -> Result<Self, NcclError> {
+        probe()?;
+        let ctx = CudaContext::new(device)?;
+        let stream = ctx.default_stream();
+        let mut bytes = vec![0.0f32; 128];
+        if pg.rank() == 0 {
+            let id = Id::new()?;
+            for (b, c) in bytes.iter_mut().zip(id.internal()) {
+                *b = f32::from(*c as u8);
+            }
+        }
+        let got = pg.broadcast(bytes, 0).wait()?;
+        let mut raw = [0 as std::ffi::c_char; 128];
+        for (r, b) in raw.iter_mut().zip(&got) {
+            *r = *b as u8 as std::ffi::c_char;
+        }
+        let comm = Comm::from_rank(stream.clone(), pg.rank(), pg.world(), Id::uninit(raw))?;
+        Ok(Self { comm, ctx, stream })
+    }
+
+    pub fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    pub fn world(&self) -> usize {
+        self.comm.world_size()
+    }
+
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// A device buffer holding `host`.
+    pub fn upload(&self, host: &[f32]) -> Result<CudaSlice<f32>, NcclError> {
+        Ok(self.stream.clone_htod(host)?)
+    }
+
+    /// Copies a device buffer back (waits for the stream).
+    pub fn download(&self, dev: &CudaSlice<f32>) -> Result<Vec<f32>, NcclError> {
+        Ok(self.stream.clone_dtoh(dev)?)
+    }
+
+    /// Sum or mean over all ranks, in place.
+    pub fn all_reduce(&self, buf: &mut CudaSlice<f32>, op: ReduceOp) -> Result<(), NcclError> {
+        self.comm.all_reduce_in_place(buf, &nccl_op(op))?;
+        Ok(())
+    }
+
+    /// `dst` (len / world elements) gets this rank's slice of the reduction of `src`.
+    pub fn reduce_scatter(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+        op: ReduceOp,
+    ) -> Result<(), NcclError> {
+        let want = src.len() / self.world();
+        if dst.len() != want || !src.len().is_multiple_of(self.world()) {
+            return Err(NcclError::Length {
+                what: "reduce-scatter output",
+                got: dst.len(),
+                want,
+            });
+        }
+        self.comm.reduce_scatter(src, dst, &nccl_op(op))?;
+        Ok(())
+    }
+
+    /// `dst` (world x src.len() elements) gets every rank's `src`, in rank order.
+    pub fn all_gather(
+        &self,
+        src: &CudaSlice<f32>,
+        dst: &mut CudaSlice<f32>,
+    ) -> Result<(), NcclError> {
+        let want = src.len() * self.world();
+        if dst.len() != want {
+            return Err(NcclError::Length {
+                what: "all-gather output",
+                got: dst.len(),
+                want,
+            });
+        }
+        self.comm.all_gather(src, dst)?;
+        Ok(())
+    }
+
+    /// Everyone gets `root`'s buffer, in place.
+    pub fn broadcast(&self, buf: &mut CudaSlice<f32>, root: usize) -> Result<(), NcclError> {
+        self.comm.broadcast_in_place(buf, root as i32)?;
+        Ok(())
+    }
+
+    /// Waits until the collectives queued on this rank's stream have finished.
+    pub fn sync(&self) -> Result<(), NcclError> {
+        self.stream.synchronize()?;
+        Ok(())
+    }
+}
+
+/// `wiretrain bench --backend nccl` on this rank: the same table as the QUIC benchmark
+/// (nccl-tests definitions), with the buffers on this rank's CUDA device and the collectives
+/// run by NCCL; `spec.check` compares all-reduce results with the serial reference. Every
+/// rank of the job calls it with the same spec.
+pub fn bench_rank(
+    pg: &mut ProcessGroup,
+    device: usize,
+    spec: &crate::bench::BenchSpec,
+    mut on_row: impl FnMut(&crate::bench::BenchRow),
+) -> Result<Vec<crate::bench::BenchRow>, NcclError> {
+    use crate::bench::{BenchOp, BenchRow};
+    let g = NcclGroup::new(pg, device)?;
+    let world = g.world();
+    let mut rows = Vec::new();
+    for &op in &spec.ops {
+        if !matches!(
+            op,
+            BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::AllGather | BenchOp::Broadcast
+        ) {
+            continue;
+        }
+        for &bytes in &spec.sizes {
+            // nccl-tests' sizes: the full buffer, a multiple of the world size.
+            let len = (bytes / 4) / world * world;
+            let host: Vec<f32> = (0..len)
+                .map(|i| ((g.rank() * 7 + i * 3) % 19) as f32 - 9.0)
+                .collect();
+            let mut full = g.upload(&host)?;
+            let mut part = g.upload(&host[..len / world])?;
+            let mut times = Vec::with_capacity(spec.iters);
+            for it in 0..spec.warmup + spec.iters {
+                g.sync()?;
+                pg.barrier()?;
+                let t = std::time::Instant::now();
+                match op {
+                    BenchOp::AllReduce => g.all_reduce(&mut full, spec.reduce)?,
+                    BenchOp::ReduceScatter => g.reduce_scatter(&full, &mut part, spec.reduce)?,
+                    BenchOp::AllGather => g.all_gather(&part, &mut full)?,
+                    _ => g.broadcast(&mut full, it % world)?,
+                }
+                g.sync()?;
+                if it >= spec.warmup {
+                    times.push(t.elapsed().as_secs_f64());
+                }
+                if op == BenchOp::AllReduce {
+                    // Fresh input for the next iteration (and the check).
+                    full = g.upload(&host)?;
+                }
+            }
+            let mut wrong = 0u64;
+            if spec.check && op == BenchOp::AllReduce {
+                let mut probe = g.upload(&host)?;
+                g.all_reduce(&mut probe, spec.reduce)?;
+                let got = g.download(&probe)?;
+                for (i, v) in got.iter().enumerate() {
+                    let s: f32 = (0..world)
+                        .map(|r| ((r * 7 + i * 3) % 19) as f32 - 9.0)
+                        .sum();
+                    let want = match spec.reduce {
+                        ReduceOp::Sum => s,
+                        ReduceOp::Mean => s / world as f32,
+                    };
+                    if (v - want).abs() > 1e-6 * want.abs().max(1.0) {
+                        wrong += 1;
+                    }
+                }
+            }
+            times.sort_by(f64::total_cmp);
+            let t = times.get(times.len() / 2).copied().unwrap_or(0.0);
+            let algbw = if t > 0.0 {
+                4.0 * len as f64 / t / 1e9
+            } else {
+                0.0
+            };
+            let row = BenchRow {
+                op: op.name(),
+                bytes: 4 * len,
+                nodes: pg.table().num_nodes(),
+                ranks: world,
+                time_us: t * 1e6,
+                algbw_gbps: algbw,
+                busbw_gbps: algbw * op.bus_factor(world),
+                wrong,
+                iters: spec.iters,
+                wire: "f32",
+                wire_bytes: 0,
+            };
+            on_row(&row);
+            rows.push(row);
+        }
+    }
+    Ok(rows)
+}
