@@ -10,11 +10,8 @@ mod common;
 use std::time::Duration;
 
 fn run(balance: &str) -> Vec<serde_json::Value> {
-    let d = std::env::temp_dir().join(format!("wiretrain-bal-{}-{balance}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let m = d.join("m.jsonl");
-    let out = common::run(
+    common::train_metrics(
+        &format!("balance-{balance}"),
         &[
             "launch",
             "--local",
@@ -31,20 +28,10 @@ fn run(balance: &str) -> Vec<serde_json::Value> {
             "cpu",
             "--balance",
             balance,
-            "--metrics",
-            m.to_str().unwrap(),
         ],
         &[("WIRETRAIN_DEBUG_SLOWDOWN", "1:3")],
         Duration::from_secs(600),
-    );
-    assert!(out.status.success(), "{balance}: {}", common::text(&out));
-    let v = std::fs::read_to_string(&m)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let _ = std::fs::remove_dir_all(&d);
-    v
+    )
 }
 
 #[test]

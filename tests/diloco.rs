@@ -11,22 +11,14 @@ mod common;
 use std::time::Duration;
 
 fn run(args: &[&str], name: &str) -> Vec<serde_json::Value> {
-    let d = std::env::temp_dir().join(format!("wiretrain-diloco-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let m = d.join("m.jsonl");
     let mut all = args.to_vec();
-    let ms = m.to_str().unwrap().to_string();
-    all.extend(["--metrics", &ms, "--no-progress", "--device", "cpu"]);
-    let out = common::run(&all, &[], Duration::from_secs(600));
-    assert!(out.status.success(), "{name}: {}", common::text(&out));
-    let v = std::fs::read_to_string(&m)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
-    let _ = std::fs::remove_dir_all(&d);
-    v
+    all.extend(["--no-progress", "--device", "cpu"]);
+    common::train_metrics(
+        &format!("diloco-{name}"),
+        &all,
+        &[],
+        Duration::from_secs(600),
+    )
 }
 
 fn steps(v: &[serde_json::Value]) -> Vec<&serde_json::Value> {

@@ -14,11 +14,8 @@ struct Run {
 }
 
 fn run(wire: &str) -> Run {
-    let d = std::env::temp_dir().join(format!("wiretrain-wire-{}-{wire}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let m = d.join("m.jsonl");
-    let out = common::run(
+    let lines = common::train_metrics(
+        &format!("wire-{wire}"),
         &[
             "launch",
             "--local",
@@ -37,18 +34,10 @@ fn run(wire: &str) -> Run {
             "cpu",
             "--wire-dtype",
             wire,
-            "--metrics",
-            m.to_str().unwrap(),
         ],
         &[],
         Duration::from_secs(600),
     );
-    assert!(out.status.success(), "{wire}: {}", common::text(&out));
-    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&m)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
     let (summary, steps): (Vec<_>, Vec<_>) =
         lines.into_iter().partition(|v| v.get("summary").is_some());
     assert_eq!(steps.len(), 150);
@@ -64,7 +53,6 @@ fn run(wire: &str) -> Run {
         .map(|v| v["sent_bytes"].as_f64().unwrap())
         .collect();
     sent.sort_by(f64::total_cmp);
-    let _ = std::fs::remove_dir_all(&d);
     Run {
         final_loss,
         sent_per_step: sent[sent.len() / 2],

@@ -55,3 +55,30 @@ pub fn text(out: &Output) -> String {
         String::from_utf8_lossy(&out.stderr)
     )
 }
+
+/// Runs `wiretrain args... --metrics FILE` (a `train`, directly or under `launch`) in a fresh
+/// temporary directory, asserts it succeeded, and returns the metrics lines (steps, then the
+/// summary).
+pub fn train_metrics(
+    name: &str,
+    args: &[&str],
+    envs: &[(&str, &str)],
+    limit: Duration,
+) -> Vec<serde_json::Value> {
+    let d = std::env::temp_dir().join(format!("wiretrain-m-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let m = d.join("m.jsonl");
+    let ms = m.to_str().unwrap().to_string();
+    let mut all = args.to_vec();
+    all.extend(["--metrics", &ms]);
+    let out = run(&all, envs, limit);
+    assert!(out.status.success(), "{name}: {}", text(&out));
+    let v = std::fs::read_to_string(&m)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics line is JSON"))
+        .collect();
+    let _ = std::fs::remove_dir_all(&d);
+    v
+}
