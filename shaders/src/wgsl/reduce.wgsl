@@ -21,29 +21,34 @@ struct Params {
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
+    // Uniforms are read before the lane-dependent bounds check, as Burn's generated kernels
+    // do: on llvmpipe (lavapipe) loads inside divergent control flow are much dearer.
+    let n = p.n;
+    let count = p.count;
+    let accumulate = p.accumulate != 0u;
+    let scale = p.scale;
     let i = (wg.y * nwg.x + wg.x) * 256u + li;
-    if (4u * i >= p.n) {
-        return;
-    }
-    var acc = vec4<f32>(0.0);
-    if (p.accumulate != 0u) {
-        acc = out[i];
-    }
-    acc = acc + in0[i];
-    if (p.count > 1u) {
-        acc = acc + in1[i];
-    }
-    if (p.count > 2u) {
-        acc = acc + in2[i];
-    }
-    if (p.count > 3u) {
-        acc = acc + in3[i];
-    }
-    if (4u * i + 3u < p.n) {
-        out[i] = acc * p.scale;
-    } else {
-        // The chunk's last, partial vec4: lanes past n keep their values.
-        let keep = vec4<u32>(4u * i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.n);
-        out[i] = select(out[i], acc * p.scale, keep);
+    if (4u * i < n) {
+        var acc = vec4<f32>(0.0);
+        if (accumulate) {
+            acc = out[i];
+        }
+        acc = acc + in0[i];
+        if (count > 1u) {
+            acc = acc + in1[i];
+        }
+        if (count > 2u) {
+            acc = acc + in2[i];
+        }
+        if (count > 3u) {
+            acc = acc + in3[i];
+        }
+        if (4u * i + 3u < n) {
+            out[i] = acc * scale;
+        } else {
+            // The chunk's last, partial vec4: lanes past n keep their values.
+            let keep = vec4<u32>(4u * i) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(n);
+            out[i] = select(out[i], acc * scale, keep);
+        }
     }
 }
