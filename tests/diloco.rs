@@ -3,6 +3,9 @@
 //!   single node with outer lr 1 and no momentum gives back the inner parameters);
 //! - across nodes, bytes flow only at outer steps (every --inner-steps steps), and the run
 //!   learns;
+//! - a checkpoint in the middle of a round resumes bit for bit (each node its own inner
+//!   state, plus the outer state); another node count is refused by name; DDP resumes node
+//!   0's model from it;
 //! - bad settings are refused. The 20 Mbit/s lab comparison with DDP is a benchmark
 //!   (scripts/bench-diloco.sh, docs/WIRING.md).
 
@@ -134,16 +137,6 @@ fn bad_diloco_settings_are_refused() {
             vec!["train", "--strategy", "diloco", "--outer-momentum", "1.5"],
             "--outer-momentum",
         ),
-        (
-            vec![
-                "train",
-                "--strategy",
-                "diloco",
-                "--checkpoint-dir",
-                "/tmp/x",
-            ],
-            "diloco",
-        ),
     ] {
         let out = common::run(&args, &[], Duration::from_secs(60));
         let err = String::from_utf8_lossy(&out.stderr);
@@ -155,4 +148,147 @@ fn bad_diloco_settings_are_refused() {
         );
         assert!(err.contains(needle), "{args:?}: {err}");
     }
+}
+
+/// `launch --local nodes -- train` of the mlp example under DiLoCo (H = 3) for `steps`.
+fn diloco_args(nodes: &str, strategy: &str, steps: &str, extra: &[String]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "launch",
+        "--local",
+        nodes,
+        "--",
+        "train",
+        "--example",
+        "mlp",
+        "--steps",
+        steps,
+        "--global-batch",
+        "48",
+        "--lr",
+        "0.01",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+        "--no-progress",
+        "--strategy",
+        strategy,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if strategy == "diloco" {
+        a.extend(["--inner-steps", "3", "--outer-momentum", "0.5"].map(String::from));
+    }
+    a.extend(extra.iter().cloned());
+    a
+}
+
+fn run_args(a: &[String]) -> std::process::Output {
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    common::run(&a, &[], Duration::from_secs(300))
+}
+
+fn losses(p: &std::path::Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("summary").is_none())
+        .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
+        .collect()
+}
+
+#[test]
+fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
+    let d = std::env::temp_dir().join(format!("wiretrain-diloco-ck-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let p = |n: &str| d.join(n).to_str().unwrap().to_string();
+    let ck = p("ck");
+
+    // 10 steps straight through: outer steps after steps 3, 6 and 9.
+    let base = run_args(&diloco_args(
+        "2",
+        "diloco",
+        "10",
+        &[
+            "--metrics".into(),
+            p("base.jsonl"),
+            "--save-params".into(),
+            p("base.f32"),
+        ],
+    ));
+    assert!(base.status.success(), "{}", common::text(&base));
+
+    // 8 steps with checkpoints at 4 and 8 (8 is one inner step into the third round), then
+    // resume to 10.
+    let a = run_args(&diloco_args(
+        "2",
+        "diloco",
+        "8",
+        &[
+            "--checkpoint-every".into(),
+            "4".into(),
+            "--checkpoint-dir".into(),
+            ck.clone(),
+        ],
+    ));
+    assert!(a.status.success(), "{}", common::text(&a));
+    let manifest: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(d.join("ck/step-00000008/manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["diloco"]["inner_done"], 8);
+    assert_eq!(manifest["diloco"]["nodes"].as_array().unwrap().len(), 1);
+    let b = run_args(&diloco_args(
+        "2",
+        "diloco",
+        "10",
+        &[
+            "--checkpoint-dir".into(),
+            ck.clone(),
+            "--resume".into(),
+            "--metrics".into(),
+            p("b.jsonl"),
+            "--save-params".into(),
+            p("b.f32"),
+        ],
+    ));
+    assert!(b.status.success(), "{}", common::text(&b));
+    let (lb, lr) = (losses(&d.join("base.jsonl")), losses(&d.join("b.jsonl")));
+    assert_eq!(lr.len(), 2, "resumed at step 8: {lr:?}");
+    for (s, l) in &lr {
+        let want = lb.iter().find(|(t, _)| t == s).unwrap().1;
+        assert_eq!(*l, want, "step {s}: resumed loss {l}, straight run {want}");
+    }
+    assert_eq!(
+        std::fs::read(d.join("b.f32")).unwrap(),
+        std::fs::read(d.join("base.f32")).unwrap(),
+        "parameters after 10 steps differ between the straight and the resumed run"
+    );
+
+    // Another node count cannot take the per-node inner states; the error says why.
+    let three = run_args(&diloco_args(
+        "3",
+        "diloco",
+        "10",
+        &["--checkpoint-dir".into(), ck.clone(), "--resume".into()],
+    ));
+    assert!(!three.status.success());
+    let t = common::text(&three);
+    assert!(
+        t.contains("inner state of 2 nodes") && t.contains("resume on 2 nodes"),
+        "{t}"
+    );
+
+    // Any other strategy resumes node 0's model from the ordinary file set.
+    let ddp = run_args(&diloco_args(
+        "3",
+        "ddp",
+        "10",
+        &["--checkpoint-dir".into(), ck.clone(), "--resume".into()],
+    ));
+    assert!(ddp.status.success(), "{}", common::text(&ddp));
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -119,7 +119,31 @@ pub struct Manifest {
     /// and RNG state.
     pub run: serde_json::Value,
     pub files: Vec<FileEntry>,
+    /// DiLoCo runs only: the outer state and the inner state of nodes 1.. (node 0's inner
+    /// state is `files`, so any run can resume the model node 0 had).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diloco: Option<DilocoManifest>,
 }
+
+/// The extra state of a DiLoCo checkpoint. Inner states differ between nodes (each node
+/// steps its own replica for H steps), so each node's is kept whole.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DilocoManifest {
+    /// Inner steps done when the checkpoint was written (the round position is this modulo
+    /// the inner steps per outer step).
+    pub inner_done: usize,
+    /// The outer state over the whole flat vector: `params` holds the round's starting
+    /// parameters (the anchor), `state.outer_momentum` the outer Nesterov momentum.
+    pub outer: FileEntry,
+    /// Inner state (parameters and inner optimizer state, whole) of node `i + 1`.
+    pub nodes: Vec<FileEntry>,
+}
+
+/// The optimizer state tensor name of the outer momentum in a DiLoCo outer file.
+pub const OUTER_MOMENTUM: &str = "outer_momentum";
+/// The file name of a DiLoCo checkpoint's outer state.
+pub const OUTER_FILE: &str = "diloco-outer.safetensors";
 
 /// The name of the directory of step `step`.
 pub fn step_dir_name(step: usize) -> String {
@@ -221,9 +245,19 @@ pub fn write_shard(
     rank: usize,
     shard: &ShardData,
 ) -> Result<FileEntry, CheckpointError> {
+    write_named(step_dir, &shard_file_name(rank), rank, shard)
+}
+
+/// Writes `shard` as the file `name` in `step_dir` atomically; returns its manifest entry.
+pub fn write_named(
+    step_dir: &Path,
+    name: &str,
+    rank: usize,
+    shard: &ShardData,
+) -> Result<FileEntry, CheckpointError> {
     std::fs::create_dir_all(step_dir).map_err(io(step_dir))?;
     let bytes = encode_shard(shard)?;
-    let name = shard_file_name(rank);
+    let name = name.to_string();
     write_atomic(&step_dir.join(&name), &bytes)?;
     Ok(FileEntry {
         name,
@@ -385,7 +419,7 @@ impl Checkpoint {
             if copies.is_empty() {
                 continue;
             }
-            let data = self.load_file(f)?;
+            let data = self.load_file(f, &m.state_tensors)?;
             for (from, to, len) in copies {
                 out.params[to..to + len].copy_from_slice(&data.params[from..from + len]);
                 for ((_, dst), (_, src)) in out.state.iter_mut().zip(&data.state) {
@@ -401,8 +435,44 @@ impl Checkpoint {
         Ok(self.read_ranges(&[0..self.manifest.total])?.params)
     }
 
-    /// Reads one shard file after checking its size and checksum against the manifest.
-    fn load_file(&self, f: &FileEntry) -> Result<ShardData, CheckpointError> {
+    /// DiLoCo checkpoints: the inner state of `node` (parameters and inner optimizer state
+    /// over the whole flat vector).
+    pub fn read_node(&self, node: usize) -> Result<ShardData, CheckpointError> {
+        let Some(d) = &self.manifest.diloco else {
+            return self.read_ranges(&[0..self.manifest.total]);
+        };
+        match node {
+            0 => self.read_ranges(&[0..self.manifest.total]),
+            n => {
+                let f = d
+                    .nodes
+                    .get(n - 1)
+                    .ok_or_else(|| CheckpointError::Mismatch {
+                        path: self.dir.clone(),
+                        reason: format!("it holds the inner state of {} nodes", d.nodes.len() + 1),
+                    })?;
+                self.load_file(f, &self.manifest.state_tensors)
+            }
+        }
+    }
+
+    /// DiLoCo checkpoints: (anchor, outer momentum, inner steps done).
+    pub fn read_outer(&self) -> Result<Option<(Vec<f32>, Vec<f32>, usize)>, CheckpointError> {
+        let Some(d) = &self.manifest.diloco else {
+            return Ok(None);
+        };
+        let mut data = self.load_file(&d.outer, &[OUTER_MOMENTUM.to_string()])?;
+        let (_, momentum) = data.state.pop().expect("one state tensor was read");
+        Ok(Some((data.params, momentum, d.inner_done)))
+    }
+
+    /// Reads one shard file after checking its size and checksum against the manifest; it
+    /// holds `params` and the state tensors `state_names`.
+    fn load_file(
+        &self,
+        f: &FileEntry,
+        state_names: &[String],
+    ) -> Result<ShardData, CheckpointError> {
         let path = self.dir.join(&f.name);
         let corrupt = |reason: String| CheckpointError::Corrupt {
             path: path.clone(),
@@ -444,9 +514,7 @@ impl Checkpoint {
                 .collect())
         };
         let params = read("params")?;
-        let state = self
-            .manifest
-            .state_tensors
+        let state = state_names
             .iter()
             .map(|s| Ok((s.clone(), read(&format!("state.{s}"))?)))
             .collect::<Result<_, CheckpointError>>()?;
@@ -521,29 +589,32 @@ fn validate(m: &Manifest) -> Result<(), String> {
     }
     let mut all: Vec<[usize; 2]> = Vec::new();
     for f in &m.files {
-        let plain = !f.name.is_empty()
-            && f.name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            && !f.name.starts_with('.');
-        if !plain {
-            return Err(format!("file name {:?} is not a plain file name", f.name));
-        }
-        if f.sha256.len() != 64 || !f.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(format!("file {}: bad sha256 {:?}", f.name, f.sha256));
-        }
-        let n: usize = f.ranges.iter().map(|r| r[1].saturating_sub(r[0])).sum();
-        // Data plus a small header; a file claiming more bytes than that is refused unread.
-        let limit = (n as u64)
-            .saturating_mul(4 * (1 + m.state_tensors.len() as u64))
-            .saturating_add(1 << 20);
-        if f.bytes > limit {
+        check_file(f, m.state_tensors.len())?;
+        all.extend(f.ranges.iter().copied());
+    }
+    if let Some(d) = &m.diloco {
+        let whole = |f: &FileEntry| {
+            if f.ranges != [[0, m.total]] {
+                return Err(format!(
+                    "diloco file {}: ranges {:?}, expected the whole vector [[0, {}]]",
+                    f.name, f.ranges, m.total
+                ));
+            }
+            Ok(())
+        };
+        check_file(&d.outer, 1)?;
+        whole(&d.outer)?;
+        if d.nodes.len() + 1 != m.ranks_per_node.len() {
             return Err(format!(
-                "file {}: {} bytes is more than its {n} elements need",
-                f.name, f.bytes
+                "diloco: inner state of {} nodes for {} nodes",
+                d.nodes.len() + 1,
+                m.ranks_per_node.len()
             ));
         }
-        all.extend(f.ranges.iter().copied());
+        for f in &d.nodes {
+            check_file(f, m.state_tensors.len())?;
+            whole(f)?;
+        }
     }
     all.sort();
     let mut at = 0;
@@ -568,6 +639,34 @@ fn validate(m: &Manifest) -> Result<(), String> {
         .any(|s| s.is_empty() || s.len() > 200)
     {
         return Err("bad optimizer state tensor name".into());
+    }
+    Ok(())
+}
+
+/// A file entry's name, checksum and size claims, before anything is read.
+fn check_file(f: &FileEntry, state_tensors: usize) -> Result<(), String> {
+    let plain = !f.name.is_empty()
+        && f.name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && !f.name.starts_with('.')
+        && f.name != MANIFEST;
+    if !plain {
+        return Err(format!("file name {:?} is not a plain file name", f.name));
+    }
+    if f.sha256.len() != 64 || !f.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(format!("file {}: bad sha256 {:?}", f.name, f.sha256));
+    }
+    let n: usize = f.ranges.iter().map(|r| r[1].saturating_sub(r[0])).sum();
+    // Data plus a small header; a file claiming more bytes than that is refused unread.
+    let limit = (n as u64)
+        .saturating_mul(4 * (1 + state_tensors as u64))
+        .saturating_add(1 << 20);
+    if f.bytes > limit {
+        return Err(format!(
+            "file {}: {} bytes is more than its {n} elements need",
+            f.name, f.bytes
+        ));
     }
     Ok(())
 }
@@ -610,6 +709,7 @@ mod tests {
             optim_scalars: BTreeMap::from([("time".into(), ScalarValue::UInt(3))]),
             run: serde_json::json!({}),
             files,
+            diloco: None,
         }
     }
 
@@ -738,9 +838,30 @@ mod tests {
         let mut big = ok.clone();
         big.files[0].bytes = u64::MAX;
         assert!(validate(&big).unwrap_err().contains("more than"));
-        let mut fmt = ok;
+        let mut fmt = ok.clone();
         fmt.format = "other/9".into();
         assert!(validate(&fmt).is_err());
+        // DiLoCo: whole-vector files, one per node after the first.
+        let mut dl = ok;
+        dl.diloco = Some(DilocoManifest {
+            inner_done: 4,
+            outer: entry(OUTER_FILE, vec![[0, 10]]),
+            nodes: vec![entry("shard-00001.safetensors", vec![[0, 10]])],
+        });
+        assert!(validate(&dl).is_ok());
+        let mut part = dl.clone();
+        part.diloco.as_mut().unwrap().nodes[0].ranges = vec![[0, 5]];
+        assert!(validate(&part).unwrap_err().contains("whole vector"));
+        let mut count = dl.clone();
+        count.diloco.as_mut().unwrap().nodes.clear();
+        assert!(
+            validate(&count)
+                .unwrap_err()
+                .contains("inner state of 1 nodes")
+        );
+        let mut name = dl;
+        name.diloco.as_mut().unwrap().outer.name = MANIFEST.into();
+        assert!(validate(&name).unwrap_err().contains("plain file name"));
     }
 
     #[test]

@@ -349,11 +349,6 @@ impl TrainArgs {
             bail!("--checkpoint-keep must be at least 1");
         }
         let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
-            Some(_) if diloco.is_some() => {
-                bail!(
-                    "--checkpoint-dir: diloco checkpoints (outer and per-node inner state) are not built yet"
-                )
-            }
             Some(dir) => Some(CkptPlan {
                 dir,
                 every,

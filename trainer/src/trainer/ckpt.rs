@@ -7,12 +7,19 @@
 //! 0, which writes the manifest last. Loading reads, on each rank, the element ranges this
 //! rank owns under the *current* world and strategy, so a checkpoint resumes on any world
 //! size or strategy; ranks then agree on success so none is left waiting for another.
+//!
+//! DiLoCo: the first rank of every node writes its node's inner state whole (node 0's is the
+//! ordinary file set, so any strategy can resume node 0's model) and rank 0 adds the outer
+//! state (the round's anchor and the outer momentum). A DiLoCo run resumes each node's own
+//! inner state and so needs the same number of nodes; from a checkpoint without DiLoCo state
+//! it starts a new round at the loaded parameters.
 
 use super::{TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
-    CheckpointError, FORMAT, FileEntry, LayoutEntry, Manifest, ShardData, f32s_to_u64, prune,
-    step_dir_name, u64_to_f32s, write_manifest, write_shard,
+    CheckpointError, DilocoManifest, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
+    OUTER_MOMENTUM, ShardData, f32s_to_u64, prune, step_dir_name, u64_to_f32s, write_manifest,
+    write_named, write_shard,
 };
 use crate::optim::ExportedState;
 use crate::strategy::Strategy;
@@ -26,6 +33,10 @@ const HEAD: usize = 25;
 impl<M: Module> Trainer<M> {
     /// Whether this rank writes its owned elements (so that each element is written once).
     fn writes_checkpoint(&self) -> bool {
+        if self.outer.is_some() {
+            // DiLoCo: every node's inner state, written by its first rank.
+            return self.pg.local_rank() == 0;
+        }
         match self.cfg.strategy {
             Strategy::Ddp => self.pg.rank() == 0,
             Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => true,
@@ -92,10 +103,25 @@ impl<M: Module> Trainer<M> {
         let (rank, world) = (self.pg.rank(), self.pg.world());
         let mut mine: Option<Result<FileEntry, CheckpointError>> = None;
         let mut state = ExportedState::default();
+        let mut outer_file = None;
         if self.writes_checkpoint() {
             let (shard, st) = self.shard_data()?;
             state = st;
             mine = Some(write_shard(&dir, rank, &shard));
+        }
+        if rank == 0
+            && let Some(o) = &self.outer
+            && let Some(Ok(_)) = &mine
+        {
+            let outer = ShardData {
+                ranges: vec![0..o.anchor.len()],
+                params: o.anchor.clone(),
+                state: vec![(OUTER_MOMENTUM.into(), o.momentum.clone())],
+            };
+            match write_named(&dir, OUTER_FILE, rank, &outer) {
+                Ok(f) => outer_file = Some(f),
+                Err(e) => mine = Some(Err(e)),
+            }
         }
         // Test hook for the crash-during-checkpoint fault test: stall between the shards and
         // the manifest (the window in which a crash must not harm older checkpoints).
@@ -148,6 +174,7 @@ impl<M: Module> Trainer<M> {
         let mut status = 0.0f32;
         if rank == 0 {
             let mut files = Vec::new();
+            let mut node_files = Vec::new();
             for r in 0..world {
                 let h = &heads[r * HEAD..(r + 1) * HEAD];
                 if h[0] != 1.0 {
@@ -164,7 +191,13 @@ impl<M: Module> Trainer<M> {
                         ]
                     })
                     .collect();
-                files.push(FileEntry {
+                let node = self.pg.table().locate(r).0;
+                let to = if self.outer.is_some() && node > 0 {
+                    &mut node_files
+                } else {
+                    &mut files
+                };
+                to.push(FileEntry {
                     name: crate::checkpoint::shard_file_name(r),
                     rank: r,
                     ranges,
@@ -189,6 +222,11 @@ impl<M: Module> Trainer<M> {
                 optim_scalars: state.scalars,
                 run,
                 files,
+                diloco: self.outer.as_ref().map(|o| DilocoManifest {
+                    inner_done: o.inner_done,
+                    outer: outer_file.clone().expect("rank 0 wrote the outer state"),
+                    nodes: node_files,
+                }),
             };
             let res = write_manifest(&dir, &manifest).and_then(|()| prune(root, keep));
             if let Err(e) = &res {
@@ -316,6 +354,69 @@ impl<M: Module> Trainer<M> {
             let model = self.model.take().expect("model present between steps");
             self.model = Some(self.layout.unflatten(model, &self.params));
         }
+        if self.outer.is_some() {
+            self.load_diloco(ck)?;
+        }
+        Ok(())
+    }
+
+    /// DiLoCo: this node's inner state and the outer state, or a new round at the loaded
+    /// parameters when the checkpoint has no DiLoCo state.
+    fn load_diloco(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
+        let m = &ck.manifest;
+        let nodes = self.pg.table().num_nodes();
+        let Some((anchor, momentum, inner_done)) = ck.read_outer()? else {
+            tracing::info!(
+                "{}: no DiLoCo state in the checkpoint; a new outer round starts at its parameters",
+                ck.dir.display()
+            );
+            let o = self.outer.as_mut().expect("diloco state");
+            o.anchor = self.params.clone();
+            o.momentum = vec![0.0; self.params.len()];
+            o.inner_done = 0;
+            return Ok(());
+        };
+        if m.ranks_per_node.len() != nodes {
+            return Err(CheckpointError::Mismatch {
+                path: ck.dir.clone(),
+                reason: format!(
+                    "it holds the DiLoCo inner state of {} nodes and this run has {nodes}; \
+                     each node resumes its own inner state, so resume on {} nodes (any other \
+                     strategy can resume node 0's model from it)",
+                    m.ranks_per_node.len(),
+                    m.ranks_per_node.len()
+                ),
+            }
+            .into());
+        }
+        let node = self.pg.node();
+        if node > 0 {
+            let data = ck.read_node(node)?;
+            self.opt
+                .import_state(ExportedState {
+                    tensors: data.state,
+                    scalars: m.optim_scalars.clone(),
+                })
+                .map_err(|reason| CheckpointError::Mismatch {
+                    path: ck.dir.clone(),
+                    reason,
+                })?;
+            self.params = data.params;
+            self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
+            let model = self.model.take().expect("model present between steps");
+            self.model = Some(self.layout.unflatten(model, &self.params));
+        }
+        let o = self.outer.as_mut().expect("diloco state");
+        if anchor.len() != self.params.len() {
+            return Err(CheckpointError::Mismatch {
+                path: ck.dir.clone(),
+                reason: "the outer state does not match the model".into(),
+            }
+            .into());
+        }
+        o.anchor = anchor;
+        o.momentum = momentum;
+        o.inner_done = inner_done;
         Ok(())
     }
 }
