@@ -140,6 +140,15 @@ pub struct DilocoManifest {
     pub nodes: Vec<FileEntry>,
 }
 
+/// A DiLoCo checkpoint's outer state as read back.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OuterData {
+    /// The parameters at the start of the round.
+    pub anchor: Vec<f32>,
+    pub momentum: Vec<f32>,
+    pub inner_done: usize,
+}
+
 /// The optimizer state tensor name of the outer momentum in a DiLoCo outer file.
 pub const OUTER_MOMENTUM: &str = "outer_momentum";
 /// The file name of a DiLoCo checkpoint's outer state.
@@ -456,14 +465,18 @@ impl Checkpoint {
         }
     }
 
-    /// DiLoCo checkpoints: (anchor, outer momentum, inner steps done).
-    pub fn read_outer(&self) -> Result<Option<(Vec<f32>, Vec<f32>, usize)>, CheckpointError> {
+    /// DiLoCo checkpoints: the outer state.
+    pub fn read_outer(&self) -> Result<Option<OuterData>, CheckpointError> {
         let Some(d) = &self.manifest.diloco else {
             return Ok(None);
         };
         let mut data = self.load_file(&d.outer, &[OUTER_MOMENTUM.to_string()])?;
         let (_, momentum) = data.state.pop().expect("one state tensor was read");
-        Ok(Some((data.params, momentum, d.inner_done)))
+        Ok(Some(OuterData {
+            anchor: data.params,
+            momentum,
+            inner_done: d.inner_done,
+        }))
     }
 
     /// Reads one shard file after checking its size and checksum against the manifest; it

@@ -114,7 +114,7 @@ impl<M: Module> Trainer<M> {
             && let Some(Ok(_)) = &mine
         {
             let outer = ShardData {
-                ranges: vec![0..o.anchor.len()],
+                ranges: std::iter::once(0..o.anchor.len()).collect(),
                 params: o.anchor.clone(),
                 state: vec![(OUTER_MOMENTUM.into(), o.momentum.clone())],
             };
@@ -365,7 +365,7 @@ impl<M: Module> Trainer<M> {
     fn load_diloco(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
         let m = &ck.manifest;
         let nodes = self.pg.table().num_nodes();
-        let Some((anchor, momentum, inner_done)) = ck.read_outer()? else {
+        let Some(outer) = ck.read_outer()? else {
             tracing::info!(
                 "{}: no DiLoCo state in the checkpoint; a new outer round starts at its parameters",
                 ck.dir.display()
@@ -407,16 +407,16 @@ impl<M: Module> Trainer<M> {
             self.model = Some(self.layout.unflatten(model, &self.params));
         }
         let o = self.outer.as_mut().expect("diloco state");
-        if anchor.len() != self.params.len() {
+        if outer.anchor.len() != self.params.len() {
             return Err(CheckpointError::Mismatch {
                 path: ck.dir.clone(),
                 reason: "the outer state does not match the model".into(),
             }
             .into());
         }
-        o.anchor = anchor;
-        o.momentum = momentum;
-        o.inner_done = inner_done;
+        o.anchor = outer.anchor;
+        o.momentum = outer.momentum;
+        o.inner_done = outer.inner_done;
         Ok(())
     }
 }
