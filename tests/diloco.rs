@@ -150,12 +150,16 @@ fn bad_diloco_settings_are_refused() {
     }
 }
 
-/// `launch --local nodes -- train` of the mlp example under DiLoCo (H = 3) for `steps`.
+/// `launch --local nodes --ranks-per-node 2 -- train` of the mlp example under DiLoCo
+/// (H = 3) for `steps`; `strategy` is ddp, or diloco with its inner strategy after a colon.
 fn diloco_args(nodes: &str, strategy: &str, steps: &str, extra: &[String]) -> Vec<String> {
+    let (strategy, inner) = strategy.split_once(':').unwrap_or((strategy, "ddp"));
     let mut a: Vec<String> = [
         "launch",
         "--local",
         nodes,
+        "--ranks-per-node",
+        "2",
         "--",
         "train",
         "--example",
@@ -178,7 +182,17 @@ fn diloco_args(nodes: &str, strategy: &str, steps: &str, extra: &[String]) -> Ve
     .map(|s| s.to_string())
     .collect();
     if strategy == "diloco" {
-        a.extend(["--inner-steps", "3", "--outer-momentum", "0.5"].map(String::from));
+        a.extend(
+            [
+                "--inner-steps",
+                "3",
+                "--outer-momentum",
+                "0.5",
+                "--inner-strategy",
+                inner,
+            ]
+            .map(String::from),
+        );
     }
     a.extend(extra.iter().cloned());
     a
@@ -201,7 +215,20 @@ fn losses(p: &std::path::Path) -> Vec<(u64, f64)> {
 
 #[test]
 fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
-    let d = std::env::temp_dir().join(format!("wiretrain-diloco-ck-{}", std::process::id()));
+    resume_case("diloco:ddp");
+}
+
+#[test]
+fn sharded_inside_the_node_checkpoints_resume_too() {
+    resume_case("diloco:hybrid");
+}
+
+fn resume_case(strategy: &str) {
+    let d = std::env::temp_dir().join(format!(
+        "wiretrain-diloco-ck-{}-{}",
+        std::process::id(),
+        strategy.replace(':', "-")
+    ));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     let p = |n: &str| d.join(n).to_str().unwrap().to_string();
@@ -210,7 +237,7 @@ fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
     // 10 steps straight through: outer steps after steps 3, 6 and 9.
     let base = run_args(&diloco_args(
         "2",
-        "diloco",
+        strategy,
         "10",
         &[
             "--metrics".into(),
@@ -225,7 +252,7 @@ fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
     // resume to 10.
     let a = run_args(&diloco_args(
         "2",
-        "diloco",
+        strategy,
         "8",
         &[
             "--checkpoint-every".into(),
@@ -241,9 +268,16 @@ fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
     .unwrap();
     assert_eq!(manifest["diloco"]["inner_done"], 8);
     assert_eq!(manifest["diloco"]["nodes"].as_array().unwrap().len(), 1);
+    // Node 1's inner state: one file under DDP inside the node, one per rank when sharded.
+    let files = if strategy.ends_with("hybrid") { 2 } else { 1 };
+    assert_eq!(
+        manifest["diloco"]["nodes"][0].as_array().unwrap().len(),
+        files,
+        "{manifest}"
+    );
     let b = run_args(&diloco_args(
         "2",
-        "diloco",
+        strategy,
         "10",
         &[
             "--checkpoint-dir".into(),
@@ -271,7 +305,7 @@ fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
     // Another node count cannot take the per-node inner states; the error says why.
     let three = run_args(&diloco_args(
         "3",
-        "diloco",
+        strategy,
         "10",
         &["--checkpoint-dir".into(), ck.clone(), "--resume".into()],
     ));
@@ -290,5 +324,56 @@ fn checkpoints_resume_each_nodes_inner_state_and_the_outer_state() {
         &["--checkpoint-dir".into(), ck.clone(), "--resume".into()],
     ));
     assert!(ddp.status.success(), "{}", common::text(&ddp));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// ZeRO-2 sharding inside the node (`--inner-strategy hybrid`) is the same math as DDP inside
+/// it, and still sends nothing between nodes in inner steps.
+#[test]
+fn sharding_inside_the_node_matches_ddp_inside_it() {
+    let d = std::env::temp_dir().join(format!("wiretrain-diloco-inner-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    let mut runs = Vec::new();
+    for inner in ["ddp", "hybrid"] {
+        let m = d.join(format!("{inner}.jsonl"));
+        let out = run_args(&diloco_args(
+            "2",
+            &format!("diloco:{inner}"),
+            "9",
+            &["--metrics".into(), m.to_str().unwrap().into()],
+        ));
+        assert!(out.status.success(), "{inner}: {}", common::text(&out));
+        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&m)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        runs.push(lines);
+    }
+    let (ddp, hyb) = (steps(&runs[0]), steps(&runs[1]));
+    assert_eq!(hyb.len(), 9);
+    for (i, (a, b)) in ddp.iter().zip(&hyb).enumerate() {
+        let (x, y) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
+        assert!(
+            ((x - y) / x).abs() <= 1e-5,
+            "step {i}: ddp {x} vs hybrid {y}"
+        );
+        let sent = b["sent_bytes"].as_f64().unwrap();
+        if (i + 1) % 3 != 0 {
+            assert!(
+                sent < 1000.0,
+                "step {i}: {sent} bytes crossed nodes in an inner step"
+            );
+        }
+    }
+    // The inner optimizer state is sharded: half of DDP's per rank on 2 ranks per node.
+    let mem = |v: &[serde_json::Value]| {
+        v.last().unwrap()["memory_per_rank"][0]["optim_bytes"]
+            .as_f64()
+            .expect("summary has memory_per_rank")
+    };
+    let (a, b) = (mem(&runs[0]), mem(&runs[1]));
+    assert!(b < 0.6 * a, "optimizer bytes per rank: ddp {a}, hybrid {b}");
     let _ = std::fs::remove_dir_all(&d);
 }

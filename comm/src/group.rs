@@ -61,10 +61,13 @@ pub enum OpKind {
     NodeGather,
     /// All-reduce among the ranks of each node only (shared memory, nothing between nodes).
     NodeReduce,
+    /// Reduction among the ranks of each node only, kept where this rank owns it (its node
+    /// pieces, as [`OpKind::HybridReduce`]); nothing between nodes.
+    NodeReduceScatter,
 }
 
 impl OpKind {
-    pub const MAX_CODE: u8 = 9;
+    pub const MAX_CODE: u8 = 10;
 
     pub fn code(self) -> u8 {
         match self {
@@ -77,6 +80,7 @@ impl OpKind {
             Self::HybridReduce => 7,
             Self::NodeGather => 8,
             Self::NodeReduce => 9,
+            Self::NodeReduceScatter => 10,
         }
     }
 
@@ -91,6 +95,7 @@ impl OpKind {
             Self::HybridReduce => "hybrid_reduce",
             Self::NodeGather => "node_gather",
             Self::NodeReduce => "node_reduce",
+            Self::NodeReduceScatter => "node_reduce_scatter",
         }
     }
 }
@@ -460,6 +465,19 @@ impl ProcessGroup {
         })
     }
 
+    /// Reduction among the ranks of this rank's node only, in place, over shared memory:
+    /// `buf` comes back reduced over the node on [`ProcessGroup::node_pieces`] (the rest is
+    /// scratch) and no byte crosses nodes (DiLoCo's inner steps with sharding inside the
+    /// node). Mean divides by the node's rank count.
+    pub fn node_reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
+        self.submit(OpKind::NodeReduceScatter, 4 * buf.len(), move |ex, id| {
+            let mut buf = buf;
+            let len = buf.len();
+            let r = ex.collective(id, &mut buf, len, 0, op);
+            keep_or_leak(r, buf)
+        })
+    }
+
     /// Raw transport measurement: lane owners send the first half of `buf` to the next node
     /// and receive the second half from the previous node, both directions at once.
     /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
@@ -696,8 +714,9 @@ impl Executor {
             | OpKind::ReduceScatter
             | OpKind::Barrier
             | OpKind::HybridReduce
-            | OpKind::NodeReduce => {
-                let node_only = id.kind == OpKind::NodeReduce;
+            | OpKind::NodeReduce
+            | OpKind::NodeReduceScatter => {
+                let node_only = matches!(id.kind, OpKind::NodeReduce | OpKind::NodeReduceScatter);
                 if let Some(l) = my_lane {
                     let pieces = lay.lane_pieces(l);
                     if k > 1 {
@@ -742,7 +761,7 @@ impl Executor {
                     }
                 }
                 self.barrier(id, bytes, deadline)?;
-                if id.kind == OpKind::HybridReduce {
+                if matches!(id.kind, OpKind::HybridReduce | OpKind::NodeReduceScatter) {
                     // Each rank keeps its lane's pieces; nothing to gather.
                 } else if id.kind == OpKind::ReduceScatter {
                     let mine = lay.chunk(self.rank);
@@ -848,7 +867,7 @@ impl Executor {
                 sum_into(peers, j, k, mine, divisor, true)
             },
             // With one node, node pieces are the ranks' chunks.
-            OpKind::ReduceScatter | OpKind::HybridReduce => unsafe {
+            OpKind::ReduceScatter | OpKind::HybridReduce | OpKind::NodeReduceScatter => unsafe {
                 sum_into(peers, j, k, mine, divisor, false)
             },
             OpKind::AllGather | OpKind::NodeGather => {

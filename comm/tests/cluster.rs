@@ -245,8 +245,8 @@ fn hybrid_reduce_and_node_gather() {
     }
 }
 
-/// `node_all_reduce`: each node's ranks reduce among themselves over shared memory, uneven
-/// node sizes included, and not one byte crosses nodes.
+/// `node_all_reduce` and `node_reduce_scatter_in_place`: each node's ranks reduce among
+/// themselves over shared memory, uneven node sizes included, and not one byte crosses nodes.
 #[test]
 fn node_all_reduce_stays_inside_the_node() {
     for shape in [vec![2, 2], vec![3, 1], vec![1, 3]] {
@@ -262,20 +262,39 @@ fn node_all_reduce_stays_inside_the_node() {
                 .node_all_reduce(vec![r; len], ReduceOp::Mean)
                 .wait()
                 .map_err(|e| e.to_string())?;
-            Ok::<_, String>((pg.node(), sum, mean, pg.bytes_sent() - before))
+            // Element i of rank r is r + i % 7: the node mean on this rank's pieces.
+            let vals: Vec<f32> = (0..len).map(|i| r + (i % 7) as f32).collect();
+            let rs = pg
+                .node_reduce_scatter_in_place(vals, ReduceOp::Mean)
+                .wait()
+                .map_err(|e| e.to_string())?;
+            let pieces: Vec<(usize, f32)> = pg
+                .node_pieces(len)
+                .into_iter()
+                .flatten()
+                .map(|i| (i, rs[i]))
+                .collect();
+            Ok::<_, String>((pg.node(), sum, mean, pieces, pg.bytes_sent() - before))
         });
         for (n, node) in res.into_iter().enumerate() {
             let ranks = node.expect("node");
             let first: usize = shape[..n].iter().sum();
             let want: f32 = (first..first + shape[n]).map(|r| r as f32).sum();
+            let mut covered = 0;
             for r in ranks {
-                let (node, sum, mean, sent) = r.expect("rank");
+                let (node, sum, mean, pieces, sent) = r.expect("rank");
                 assert_eq!(node, n);
                 assert!(sum.iter().all(|&x| x == want), "{shape:?} node {n}");
                 let m = want / shape[n] as f32;
                 assert!(mean.iter().all(|&x| x == m), "{shape:?} node {n} mean");
+                for (i, x) in &pieces {
+                    let w = (want + (shape[n] * (i % 7)) as f32) / shape[n] as f32;
+                    assert_eq!(*x, w, "{shape:?} node {n} reduce-scatter element {i}");
+                }
+                covered += pieces.len();
                 assert_eq!(sent, 0, "{shape:?}: bytes crossed nodes");
             }
+            assert_eq!(covered, 1001, "{shape:?} node {n}: pieces cover the buffer");
         }
     }
 }

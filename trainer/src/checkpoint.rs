@@ -126,7 +126,7 @@ pub struct Manifest {
 }
 
 /// The extra state of a DiLoCo checkpoint. Inner states differ between nodes (each node
-/// steps its own replica for H steps), so each node's is kept whole.
+/// steps its own replica for H steps), so each node's is kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DilocoManifest {
@@ -136,8 +136,10 @@ pub struct DilocoManifest {
     /// The outer state over the whole flat vector: `params` holds the round's starting
     /// parameters (the anchor), `state.outer_momentum` the outer Nesterov momentum.
     pub outer: FileEntry,
-    /// Inner state (parameters and inner optimizer state, whole) of node `i + 1`.
-    pub nodes: Vec<FileEntry>,
+    /// Inner state (parameters and inner optimizer state) of node `i + 1`: its files cover
+    /// the flat vector exactly once (one file under DDP inside the node, one per rank when
+    /// sharded inside the node).
+    pub nodes: Vec<Vec<FileEntry>>,
 }
 
 /// A DiLoCo checkpoint's outer state as read back.
@@ -393,6 +395,15 @@ impl Checkpoint {
     /// Reads the parameters and optimizer state over `want` (flat element ranges, in order),
     /// from whichever files hold them. Each file needed is size- and checksum-checked first.
     pub fn read_ranges(&self, want: &[Range<usize>]) -> Result<ShardData, CheckpointError> {
+        self.read_from(&self.manifest.files, want)
+    }
+
+    /// [`Checkpoint::read_ranges`] from the file set `files` (one that covers the vector).
+    fn read_from(
+        &self,
+        files: &[FileEntry],
+        want: &[Range<usize>],
+    ) -> Result<ShardData, CheckpointError> {
         let m = &self.manifest;
         let n: usize = want.iter().map(|r| r.len()).sum();
         if let Some(r) = want.iter().find(|r| r.end > m.total || r.start > r.end) {
@@ -410,7 +421,7 @@ impl Checkpoint {
                 .map(|s| (s.clone(), vec![0.0; n]))
                 .collect(),
         };
-        for f in &m.files {
+        for f in files {
             // (offset in the file's data, offset in `out`, len) of every overlap.
             let mut copies = Vec::new();
             let mut file_at = 0;
@@ -444,23 +455,24 @@ impl Checkpoint {
         Ok(self.read_ranges(&[0..self.manifest.total])?.params)
     }
 
-    /// DiLoCo checkpoints: the inner state of `node` (parameters and inner optimizer state
-    /// over the whole flat vector).
-    pub fn read_node(&self, node: usize) -> Result<ShardData, CheckpointError> {
-        let Some(d) = &self.manifest.diloco else {
-            return self.read_ranges(&[0..self.manifest.total]);
-        };
-        match node {
-            0 => self.read_ranges(&[0..self.manifest.total]),
-            n => {
-                let f = d
+    /// DiLoCo checkpoints: the inner state of `node` (parameters and inner optimizer state)
+    /// over `want`; node 0's is the ordinary file set.
+    pub fn read_node(
+        &self,
+        node: usize,
+        want: &[Range<usize>],
+    ) -> Result<ShardData, CheckpointError> {
+        match (&self.manifest.diloco, node) {
+            (None, _) | (_, 0) => self.read_ranges(want),
+            (Some(d), n) => {
+                let files = d
                     .nodes
                     .get(n - 1)
                     .ok_or_else(|| CheckpointError::Mismatch {
                         path: self.dir.clone(),
                         reason: format!("it holds the inner state of {} nodes", d.nodes.len() + 1),
                     })?;
-                self.load_file(f, &self.manifest.state_tensors)
+                self.read_from(files, want)
             }
         }
     }
@@ -600,23 +612,15 @@ fn validate(m: &Manifest) -> Result<(), String> {
             m.total
         ));
     }
-    let mut all: Vec<[usize; 2]> = Vec::new();
-    for f in &m.files {
-        check_file(f, m.state_tensors.len())?;
-        all.extend(f.ranges.iter().copied());
-    }
+    check_cover("", &m.files, m.total, m.state_tensors.len())?;
     if let Some(d) = &m.diloco {
-        let whole = |f: &FileEntry| {
-            if f.ranges != [[0, m.total]] {
-                return Err(format!(
-                    "diloco file {}: ranges {:?}, expected the whole vector [[0, {}]]",
-                    f.name, f.ranges, m.total
-                ));
-            }
-            Ok(())
-        };
         check_file(&d.outer, 1)?;
-        whole(&d.outer)?;
+        if d.outer.ranges != [[0, m.total]] {
+            return Err(format!(
+                "diloco outer file {}: ranges {:?}, expected the whole vector [[0, {}]]",
+                d.outer.name, d.outer.ranges, m.total
+            ));
+        }
         if d.nodes.len() + 1 != m.ranks_per_node.len() {
             return Err(format!(
                 "diloco: inner state of {} nodes for {} nodes",
@@ -624,34 +628,49 @@ fn validate(m: &Manifest) -> Result<(), String> {
                 m.ranks_per_node.len()
             ));
         }
-        for f in &d.nodes {
-            check_file(f, m.state_tensors.len())?;
-            whole(f)?;
+        for (i, files) in d.nodes.iter().enumerate() {
+            let what = format!("diloco node {}: ", i + 1);
+            check_cover(&what, files, m.total, m.state_tensors.len())?;
         }
-    }
-    all.sort();
-    let mut at = 0;
-    for r in &all {
-        if r[0] > r[1] || r[1] > m.total {
-            return Err(format!("range {r:?} is outside 0..{}", m.total));
-        }
-        if r[0] != at {
-            return Err(if r[0] < at {
-                format!("element {} is stored twice", r[0])
-            } else {
-                format!("elements {at}..{} are in no file", r[0])
-            });
-        }
-        at = r[1];
-    }
-    if at != m.total {
-        return Err(format!("elements {at}..{} are in no file", m.total));
     }
     if m.state_tensors
         .iter()
         .any(|s| s.is_empty() || s.len() > 200)
     {
         return Err("bad optimizer state tensor name".into());
+    }
+    Ok(())
+}
+
+/// Checks every file of a set and that their ranges cover `0..total` exactly once.
+fn check_cover(
+    what: &str,
+    files: &[FileEntry],
+    total: usize,
+    state_tensors: usize,
+) -> Result<(), String> {
+    let mut all: Vec<[usize; 2]> = Vec::new();
+    for f in files {
+        check_file(f, state_tensors)?;
+        all.extend(f.ranges.iter().copied());
+    }
+    all.sort();
+    let mut at = 0;
+    for r in &all {
+        if r[0] > r[1] || r[1] > total {
+            return Err(format!("{what}range {r:?} is outside 0..{total}"));
+        }
+        if r[0] != at {
+            return Err(if r[0] < at {
+                format!("{what}element {} is stored twice", r[0])
+            } else {
+                format!("{what}elements {at}..{} are in no file", r[0])
+            });
+        }
+        at = r[1];
+    }
+    if at != total {
+        return Err(format!("{what}elements {at}..{total} are in no file"));
     }
     Ok(())
 }
@@ -859,12 +878,22 @@ mod tests {
         dl.diloco = Some(DilocoManifest {
             inner_done: 4,
             outer: entry(OUTER_FILE, vec![[0, 10]]),
-            nodes: vec![entry("shard-00001.safetensors", vec![[0, 10]])],
+            nodes: vec![vec![
+                entry("shard-00002.safetensors", vec![[0, 4]]),
+                entry("shard-00003.safetensors", vec![[4, 10]]),
+            ]],
         });
         assert!(validate(&dl).is_ok());
         let mut part = dl.clone();
-        part.diloco.as_mut().unwrap().nodes[0].ranges = vec![[0, 5]];
-        assert!(validate(&part).unwrap_err().contains("whole vector"));
+        part.diloco.as_mut().unwrap().nodes[0][1].ranges = vec![[5, 10]];
+        assert!(
+            validate(&part)
+                .unwrap_err()
+                .contains("diloco node 1: elements 4..5 are in no file")
+        );
+        let mut outer = dl.clone();
+        outer.diloco.as_mut().unwrap().outer.ranges = vec![[0, 5]];
+        assert!(validate(&outer).unwrap_err().contains("whole vector"));
         let mut count = dl.clone();
         count.diloco.as_mut().unwrap().nodes.clear();
         assert!(

@@ -60,9 +60,9 @@ pub struct TrainerConfig {
     /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
     /// device) instead of Burn's tensor ops. Same math; off for comparisons.
     pub fused_optimizer: bool,
-    /// DiLoCo on top of DDP: inner steps reduce inside the node only; every `inner_steps`
-    /// steps the nodes average their parameter deltas (the only traffic between nodes) and
-    /// apply an outer Nesterov-momentum SGD step.
+    /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
+    /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
+    /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.
     pub diloco: Option<Diloco>,
 }
 
@@ -234,9 +234,11 @@ impl<M: Module> Trainer<M> {
             None => (layout.unflatten(model, &params), params),
         };
         let master = owned_master(cfg.strategy, &owned, &params);
-        if cfg.diloco.is_some() && cfg.strategy != Strategy::Ddp {
+        if cfg.diloco.is_some() && !matches!(cfg.strategy, Strategy::Ddp | Strategy::Hybrid) {
             return Err(TrainError::Config(
-                "diloco runs on top of ddp (inner steps replicate the model inside a node)".into(),
+                "diloco runs on top of ddp or hybrid (inner steps replicate the model, or shard \
+                 it, inside a node)"
+                    .into(),
             ));
         }
         if cfg.diloco.is_some_and(|d| d.inner_steps == 0) {
@@ -500,7 +502,12 @@ impl<M: Module> Trainer<M> {
                     compute += tf.elapsed();
                     let n = zero3::unit_share(&self.pg, node, b.len());
                     let sp = span("issue reduce", "comm");
-                    let w = zero3::issue_reduce(&mut self.pg, node, self.cfg.wire, flat);
+                    let w = if self.outer.is_some() {
+                        // DiLoCo's inner step sharded inside the node: shared memory only.
+                        self.pg.node_reduce_scatter_in_place(flat, ReduceOp::Mean)
+                    } else {
+                        zero3::issue_reduce(&mut self.pg, node, self.cfg.wire, flat)
+                    };
                     drop(sp);
                     if self.cfg.strategy == Strategy::Zero1 {
                         pending.push((at, w));
@@ -539,6 +546,7 @@ impl<M: Module> Trainer<M> {
                 let opt_time = t_opt.elapsed();
                 let tw = Instant::now();
                 self.gather_shards()?;
+                self.outer_step()?;
                 comm += tw.elapsed();
                 return self.finish(model, t0, local_loss, compute, comm, opt_time);
             }
@@ -583,10 +591,15 @@ impl<M: Module> Trainer<M> {
             *a -= lr * (g + mu * *m);
             *p = *a;
         }
-        // The fused optimizer keeps its own master on the device: hand it the new one.
-        self.opt
-            .set_master(&self.params)
-            .map_err(TrainError::Optimizer)?;
+        // The optimizer's master (the whole vector under DDP, the owned pieces when sharded
+        // inside the node) follows; the fused optimizer keeps its own copy on the device.
+        self.master = owned_master(self.cfg.strategy, &self.owned, &self.params);
+        let master = if self.cfg.strategy == Strategy::Ddp {
+            &self.params
+        } else {
+            &self.master
+        };
+        self.opt.set_master(master).map_err(TrainError::Optimizer)?;
         Ok(true)
     }
 

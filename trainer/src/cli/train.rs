@@ -78,6 +78,10 @@ pub struct TrainArgs {
     /// diloco: outer Nesterov momentum (default 0.9).
     #[arg(long)]
     pub outer_momentum: Option<f32>,
+    /// diloco: the strategy inside each node, ddp (default) or hybrid (ZeRO-2 sharding of
+    /// gradients and optimizer state among the node's ranks).
+    #[arg(long)]
+    pub inner_strategy: Option<String>,
     /// How the global batch is split over ranks: equal, or speed (shares follow each rank's
     /// measured samples/s after a short calibration, gradients weighted by share).
     #[arg(long)]
@@ -146,6 +150,7 @@ struct FileConfig {
     balance: Option<String>,
     shares: Option<String>,
     inner_steps: Option<usize>,
+    inner_strategy: Option<String>,
     outer_lr: Option<f32>,
     outer_momentum: Option<f32>,
     plot: Option<PathBuf>,
@@ -251,11 +256,27 @@ impl TrainArgs {
         } else if self.inner_steps.is_some()
             || self.outer_lr.is_some()
             || self.outer_momentum.is_some()
+            || self.inner_strategy.is_some()
         {
-            bail!("--inner-steps, --outer-lr and --outer-momentum belong to --strategy diloco");
+            bail!(
+                "--inner-steps, --inner-strategy, --outer-lr and --outer-momentum belong to \
+                 --strategy diloco"
+            );
         }
         let strategy: Strategy = if diloco.is_some() {
-            Strategy::Ddp
+            match self
+                .inner_strategy
+                .clone()
+                .or(file.inner_strategy)
+                .as_deref()
+                .unwrap_or("ddp")
+            {
+                "ddp" => Strategy::Ddp,
+                "hybrid" => Strategy::Hybrid,
+                other => bail!(
+                    "--inner-strategy: {other:?} is not ddp or hybrid (sharding inside the node)"
+                ),
+            }
         } else {
             strategy
                 .parse()

@@ -8,9 +8,9 @@
 //! rank owns under the *current* world and strategy, so a checkpoint resumes on any world
 //! size or strategy; ranks then agree on success so none is left waiting for another.
 //!
-//! DiLoCo: the first rank of every node writes its node's inner state whole (node 0's is the
-//! ordinary file set, so any strategy can resume node 0's model) and rank 0 adds the outer
-//! state (the round's anchor and the outer momentum). A DiLoCo run resumes each node's own
+//! DiLoCo: every node writes its node's inner state (its first rank under DDP inside the
+//! node, its owning ranks when sharded inside it); node 0's is the ordinary file set, so any
+//! strategy can resume node 0's model; rank 0 adds the outer state (the round's anchor and the outer momentum). A DiLoCo run resumes each node's own
 //! inner state and so needs the same number of nodes; from a checkpoint without DiLoCo state
 //! it starts a new round at the loaded parameters.
 
@@ -34,8 +34,12 @@ impl<M: Module> Trainer<M> {
     /// Whether this rank writes its owned elements (so that each element is written once).
     fn writes_checkpoint(&self) -> bool {
         if self.outer.is_some() {
-            // DiLoCo: every node's inner state, written by its first rank.
-            return self.pg.local_rank() == 0;
+            // DiLoCo: every node's inner state, by its first rank (DDP inside the node) or by
+            // the ranks that own a part of it (sharded inside the node).
+            return match self.cfg.strategy {
+                Strategy::Ddp => self.pg.local_rank() == 0,
+                _ => self.owned.iter().any(|r| !r.is_empty()),
+            };
         }
         match self.cfg.strategy {
             Strategy::Ddp => self.pg.rank() == 0,
@@ -193,7 +197,10 @@ impl<M: Module> Trainer<M> {
                     .collect();
                 let node = self.pg.table().locate(r).0;
                 let to = if self.outer.is_some() && node > 0 {
-                    &mut node_files
+                    if node_files.len() < node {
+                        node_files.resize_with(node, Vec::new);
+                    }
+                    &mut node_files[node - 1]
                 } else {
                     &mut files
                 };
@@ -225,7 +232,10 @@ impl<M: Module> Trainer<M> {
                 diloco: self.outer.as_ref().map(|o| DilocoManifest {
                     inner_done: o.inner_done,
                     outer: outer_file.clone().expect("rank 0 wrote the outer state"),
-                    nodes: node_files,
+                    nodes: {
+                        node_files.resize_with(table.num_nodes() - 1, Vec::new);
+                        node_files
+                    },
                 }),
             };
             let res = write_manifest(&dir, &manifest).and_then(|()| prune(root, keep));
@@ -363,6 +373,18 @@ impl<M: Module> Trainer<M> {
     /// DiLoCo: this node's inner state and the outer state, or a new round at the loaded
     /// parameters when the checkpoint has no DiLoCo state.
     fn load_diloco(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
+        let res = self.load_diloco_state(ck);
+        if self.cfg.strategy == Strategy::Hybrid {
+            // Sharded inside the node: the parameters computed with are the node's gather of
+            // its masters. Every rank gathers, whatever happened above, so none waits.
+            self.gather_shards()?;
+        }
+        let model = self.model.take().expect("model present between steps");
+        self.model = Some(self.layout.unflatten(model, &self.params));
+        res
+    }
+
+    fn load_diloco_state(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
         let m = &ck.manifest;
         let nodes = self.pg.table().num_nodes();
         let Some(outer) = ck.read_outer()? else {
@@ -389,24 +411,6 @@ impl<M: Module> Trainer<M> {
             }
             .into());
         }
-        let node = self.pg.node();
-        if node > 0 {
-            let data = ck.read_node(node)?;
-            self.opt
-                .import_state(ExportedState {
-                    tensors: data.state,
-                    scalars: m.optim_scalars.clone(),
-                })
-                .map_err(|reason| CheckpointError::Mismatch {
-                    path: ck.dir.clone(),
-                    reason,
-                })?;
-            self.params = data.params;
-            self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
-            let model = self.model.take().expect("model present between steps");
-            self.model = Some(self.layout.unflatten(model, &self.params));
-        }
-        let o = self.outer.as_mut().expect("diloco state");
         if outer.anchor.len() != self.params.len() {
             return Err(CheckpointError::Mismatch {
                 path: ck.dir.clone(),
@@ -414,6 +418,35 @@ impl<M: Module> Trainer<M> {
             }
             .into());
         }
+        let node = self.pg.node();
+        if node > 0 {
+            // This node's whole inner state; this rank keeps the state of what it owns.
+            let all: Vec<_> = std::iter::once(0..self.layout.total()).collect();
+            let whole = ck.read_node(node, &all)?;
+            let owned = |v: &[f32]| -> Vec<f32> {
+                self.owned
+                    .iter()
+                    .flat_map(|r| v[r.clone()].iter().copied())
+                    .collect()
+            };
+            let tensors = whole
+                .state
+                .iter()
+                .map(|(name, v)| (name.clone(), owned(v)))
+                .collect();
+            self.opt
+                .import_state(ExportedState {
+                    tensors,
+                    scalars: m.optim_scalars.clone(),
+                })
+                .map_err(|reason| CheckpointError::Mismatch {
+                    path: ck.dir.clone(),
+                    reason,
+                })?;
+            self.params = whole.params;
+            self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
+        }
+        let o = self.outer.as_mut().expect("diloco state");
         o.anchor = outer.anchor;
         o.momentum = outer.momentum;
         o.inner_done = outer.inner_done;
