@@ -24,48 +24,8 @@ OUT=${OUT:-lab-$(date +%Y%m%d-%H%M%S).csv}
 [ "$(id -u)" = 0 ] || { echo "lab: SKIP: needs root for ip netns and tc"; exit 77; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iproute2 not installed"; exit 77; }
 
-id=$$; hub="wtlab${id}hub"; net=10.215.$((id % 250))
-tmp=$(mktemp -d)
-ns() { echo "wtlab${id}n$1"; }
-cleanup() {
-  for i in $(seq 0 $((NODES - 1))); do
-    ip netns pids "$(ns "$i")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
-    ip netns del "$(ns "$i")" 2>/dev/null || true
-  done
-  ip netns del "$hub" 2>/dev/null || true
-  rm -rf "$tmp"
-}
-trap cleanup EXIT
-ip netns add "$hub" 2>/dev/null || { echo "lab: SKIP: cannot create network namespaces here"; exit 77; }
-ip -n "$hub" link add br0 type bridge
-ip -n "$hub" link set br0 up
-for i in $(seq 0 $((NODES - 1))); do
-  n=$(ns "$i")
-  ip netns add "$n"
-  ip link add "wt${id}v$i" type veth peer name "wt${id}h$i"
-  ip link set "wt${id}v$i" netns "$n"
-  ip link set "wt${id}h$i" netns "$hub"
-  ip -n "$n" link set "wt${id}v$i" name eth0
-  ip -n "$n" addr add "$net.$((i + 1))/24" dev eth0
-  ip -n "$n" link set lo up
-  ip -n "$n" link set eth0 up
-  ip -n "$hub" link set "wt${id}h$i" master br0
-  ip -n "$hub" link set "wt${id}h$i" up
-done
-
-shape() { # $1 = Mbit/s or none: tbf on both ends of every node's veth
-  local rate=$1 i where dev
-  for i in $(seq 0 $((NODES - 1))); do
-    for side in "$(ns "$i") eth0" "$hub wt${id}h$i"; do
-      read -r where dev <<<"$side"
-      tc -n "$where" qdisc del dev "$dev" root 2>/dev/null || true
-      # A bucket of 2 ms of traffic (at least 32 KiB): steps cannot ride on a big burst.
-      [ "$rate" = none ] && continue
-      local burst=$(( rate * 1000000 / 8 / 500 )); [ "$burst" -ge 32768 ] || burst=32768
-      tc -n "$where" qdisc add dev "$dev" root tbf rate "${rate}mbit" burst "$burst" latency 200ms
-    done
-  done
-}
+# shellcheck source=scripts/lab-net.sh
+source "$(dirname "$0")/lab-net.sh"
 
 run() { # $1 strategy, $2 metrics file
   export WIRETRAIN_TOKEN="lab-$id-$RANDOM"

@@ -23,6 +23,11 @@
 //!   perfect overlap. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`) also hides its
 //!   two parameter all-gathers (2/3 of its communication) behind compute:
 //!   `exposed = max((1 − overlap)·comm/3 + max(0, 2·comm/3 − compute), comm − compute)`.
+//! - **Rank order**: the above is wiretrain's node-major order (ring neighbours inside the
+//!   node). `--rank-order scrambled` models a flat ring over all N devices in which every
+//!   neighbour sits on another node (what a careless host list gives): each collective moves
+//!   Ψ(N−1)/N per device, all of it across nodes, the g devices of a node sharing its link,
+//!   in N−1 steps.
 //!   The optimizer step and data loading are not counted.
 
 use serde::Serialize;
@@ -129,6 +134,28 @@ impl FromStr for WireDtype {
     }
 }
 
+/// How ranks are placed on the ring.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RankOrder {
+    /// Node-major: ring neighbours inside the node (wiretrain's hierarchical collectives).
+    #[default]
+    NodeMajor,
+    /// A flat ring whose every neighbour is on another node.
+    Scrambled,
+}
+
+impl FromStr for RankOrder {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "node-major" => Ok(Self::NodeMajor),
+            "scrambled" => Ok(Self::Scrambled),
+            o => Err(format!("unknown rank order {o:?} (node-major, scrambled)")),
+        }
+    }
+}
+
 /// A transformer's shape (for the parameter count and activation memory).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Shape {
@@ -208,6 +235,7 @@ pub struct PlanInput {
     /// ZeRO-3 prefetches the next unit's parameters while a unit computes, hiding its
     /// all-gathers behind compute.
     pub prefetch: bool,
+    pub rank_order: RankOrder,
 }
 
 /// The plan of one strategy.
@@ -332,6 +360,14 @@ impl PlanInput {
             // of each device's Ψ/g piece, which moves the same bytes as the hierarchical pair.
             PlanStrategy::Hybrid => (2.0, 2.0 * psi),
         };
+        if self.rank_order == RankOrder::Scrambled && self.nodes > 1 {
+            // A flat ring of N devices, every hop across nodes; a node's g devices share its
+            // link.
+            let nd = n * g;
+            let inter = ops * psi * (nd - 1.0) / nd * w;
+            let t = ops * (nd - 1.0) * self.inter.latency_s + inter * g / self.inter.bytes_per_s;
+            return (volume, 0.0, inter, t);
+        }
         let (intra, inter) = (ops * intra_rs, ops * inter_rs);
         // Ring steps: g−1 per collective inside the node, n−1 across nodes. The g lanes of a
         // node share its link.
@@ -463,6 +499,7 @@ mod tests {
             recompute: false,
             overlap: 0.0,
             prefetch: false,
+            rank_order: RankOrder::NodeMajor,
         }
     }
 
@@ -589,6 +626,21 @@ mod tests {
             plain.comm_s.max(0.0),
             "no overlap without prefetch"
         );
+    }
+
+    #[test]
+    fn a_scrambled_ring_sends_more_across_nodes() {
+        let mut p = zero_paper();
+        p.nodes = 2;
+        p.gpus_per_node = 2;
+        let (_, intra, inter, t) = p.communication(PlanStrategy::Ddp);
+        p.rank_order = RankOrder::Scrambled;
+        let (_, s_intra, s_inter, s_t) = p.communication(PlanStrategy::Ddp);
+        // Node-major: Ψ/4 per device and collective across nodes; scrambled: 3Ψ/4, and
+        // nothing inside the node.
+        assert!((s_inter / inter - 3.0).abs() < 1e-9, "{s_inter} vs {inter}");
+        assert!(intra > 0.0 && s_intra == 0.0);
+        assert!(s_t > 2.5 * t);
     }
 
     #[test]

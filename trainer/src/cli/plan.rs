@@ -72,6 +72,10 @@ pub struct PlanArgs {
     /// ZeRO-3 without prefetch (its all-gathers then wait in line with compute).
     #[arg(long)]
     pub no_prefetch: bool,
+    /// Ring order of the ranks: node-major (wiretrain's: ring neighbours inside the node) or
+    /// scrambled (a flat ring whose every neighbour is on another node).
+    #[arg(long, default_value = "node-major")]
+    pub rank_order: String,
     /// One JSON object per strategy.
     #[arg(long)]
     pub json: bool,
@@ -216,6 +220,10 @@ impl PlanArgs {
             recompute: self.recompute,
             overlap: self.overlap,
             prefetch: !self.no_prefetch,
+            rank_order: self
+                .rank_order
+                .parse()
+                .map_err(|e| anyhow::anyhow!("--rank-order: {e}"))?,
         };
         input.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(input)
@@ -350,6 +358,7 @@ pub fn interconnects_table(json: bool) -> String {
             recompute: true,
             overlap: 0.0,
             prefetch: true,
+            rank_order: Default::default(),
         };
         let plans = input.plan();
         if json {

@@ -1,0 +1,48 @@
+# Sourced by the lab scripts (scripts/lab.sh, scripts/lab-placement.sh): NODES network
+# namespaces ("nodes") joined through a bridge in a hub namespace by veth pairs; node i has
+# address $net.(i+1) on its eth0. `ns I` names node I's namespace, `shape RATE` puts a tbf of
+# RATE Mbit/s (or none) on both ends of every node's veth, and everything is removed on exit.
+# Needs root; the caller checks that and sets NODES.
+id=$$; hub="wtlab${id}hub"; net=10.215.$((id % 250))
+tmp=$(mktemp -d)
+ns() { echo "wtlab${id}n$1"; }
+cleanup() {
+  for i in $(seq 0 $((NODES - 1))); do
+    ip netns pids "$(ns "$i")" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+    ip netns del "$(ns "$i")" 2>/dev/null || true
+  done
+  ip netns del "$hub" 2>/dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+ip netns add "$hub" 2>/dev/null || { echo "lab: SKIP: cannot create network namespaces here"; exit 77; }
+ip -n "$hub" link add br0 type bridge
+ip -n "$hub" link set br0 up
+for i in $(seq 0 $((NODES - 1))); do
+  n=$(ns "$i")
+  ip netns add "$n"
+  ip link add "wt${id}v$i" type veth peer name "wt${id}h$i"
+  ip link set "wt${id}v$i" netns "$n"
+  ip link set "wt${id}h$i" netns "$hub"
+  ip -n "$n" link set "wt${id}v$i" name eth0
+  ip -n "$n" addr add "$net.$((i + 1))/24" dev eth0
+  ip -n "$n" link set lo up
+  ip -n "$n" link set eth0 up
+  ip -n "$hub" link set "wt${id}h$i" master br0
+  ip -n "$hub" link set "wt${id}h$i" up
+done
+
+shape() { # $1 = Mbit/s or none: tbf on both ends of every node's veth
+  local rate=$1 i where dev
+  for i in $(seq 0 $((NODES - 1))); do
+    for side in "$(ns "$i") eth0" "$hub wt${id}h$i"; do
+      read -r where dev <<<"$side"
+      tc -n "$where" qdisc del dev "$dev" root 2>/dev/null || true
+      # A bucket of 2 ms of traffic (at least 32 KiB): steps cannot ride on a big burst.
+      [ "$rate" = none ] && continue
+      local burst=$(( rate * 1000000 / 8 / 500 )); [ "$burst" -ge 32768 ] || burst=32768
+      tc -n "$where" qdisc add dev "$dev" root tbf rate "${rate}mbit" burst "$burst" latency 200ms
+    done
+  done
+}
+

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Topology-aware placement, shown: 2 namespaced nodes x 2 ranks with a tbf-shaped link, the
+# same DDP training in two rank orders, measured, and what `wiretrain plan` predicts for each:
+#   node-major  2 node processes (one per namespace) x 2 ranks: ring neighbours inside the node
+#               (shared memory), one cross-node ring per local rank (wiretrain's order);
+#   scrambled   4 single-rank node processes, ranks 0 and 2 in namespace 0 and ranks 1 and 3 in
+#               namespace 1: a flat ring in which every neighbour is across the link.
+# Calibration by wiretrain itself: `wiretrain bench --op p2p` between the two namespaces at
+# each rate gives the link rate the planner is fed (not the nominal tbf rate), and the unshaped
+# node-major run gives the compute rate and the fixed per-step cost (as scripts/lab.sh does).
+# Needs root (ip netns, tc); cleans up after itself; every run is bounded (LIMIT seconds).
+#
+#   scripts/lab-placement.sh        # writes $OUT (CSV) and prints the table
+#
+# Env: RATES ("200 50", Mbit/s), EXAMPLE (char-lm), EXTRA ("--d-model 256"), STEPS (8),
+#      BATCH (32), LIMIT (300), BIN, OUT.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+NODES=2; RATES=${RATES:-"200 50"}; STEPS=${STEPS:-8}; BATCH=${BATCH:-32}
+EXAMPLE=${EXAMPLE:-char-lm}; EXTRA=${EXTRA:---d-model 256}; LIMIT=${LIMIT:-300}
+BIN=${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}/debug/wiretrain}
+OUT=${OUT:-placement-$(date +%Y%m%d-%H%M%S).csv}
+[ -x "$BIN" ] || { echo "lab: no wiretrain binary at $BIN"; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "lab: SKIP: needs root for ip netns and tc"; exit 77; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iproute2 not installed"; exit 77; }
+# shellcheck source=scripts/lab-net.sh
+source "$(dirname "$0")/lab-net.sh"
+
+# `job PROCS RANKS_PER_NODE PLACEMENT ARGS...`: PROCS node processes of one job, process r in
+# namespace PLACEMENT[r] (a string of digits), each with RANKS_PER_NODE ranks.
+job() {
+  local procs=$1 rpn=$2 place=$3; shift 3
+  export WIRETRAIN_TOKEN="lab-$id-$RANDOM"
+  rm -f "$tmp/addr"
+  local common=(--nnodes "$procs" --ranks-per-node "$rpn")
+  local n0=${place:0:1}
+  ip netns exec "$(ns "$n0")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank 0 \
+    --master "$net.$((n0 + 1)):0" --addr-file "$tmp/addr" >"$tmp/out0" 2>"$tmp/err0" &
+  local pids=($!)
+  for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
+  [ -s "$tmp/addr" ] || { echo "lab: node 0 never listened"; cat "$tmp/err0"; return 1; }
+  for r in $(seq 1 $((procs - 1))); do
+    local n=${place:$r:1}
+    ip netns exec "$(ns "$n")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank "$r" \
+      --master "$(cat "$tmp/addr")" --bind "$net.$((n + 1)):0" >"$tmp/out$r" 2>"$tmp/err$r" &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  [ "$rc" = 0 ] || { echo "lab: job failed"; cat "$tmp"/err*; return 1; }
+}
+
+train() { # $1 order, $2 metrics file
+  # shellcheck disable=SC2206
+  local args=(train --example "$EXAMPLE" --strategy ddp --steps "$STEPS" --global-batch "$BATCH"
+              --device cpu --no-progress --metrics "$2" $EXTRA)
+  case $1 in
+    node-major) job 2 2 01 "${args[@]}" ;;
+    scrambled) job 4 1 0101 "${args[@]}" ;;
+  esac
+}
+
+link_gbps() { # measured by wiretrain: p2p between the two namespaces, GB/s -> Gbit/s
+  job 2 1 01 bench --op p2p --bytes 4M --iters 5 --warmup 1 --json
+  python3 - "$tmp/out0" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(max(r["busbw_gbps"] for r in rows) * 8)
+PY
+}
+
+summary() { # metrics file -> "params step compute comm optim sent"
+  python3 - "$1" <<'PY'
+import json, sys
+s = json.loads(open(sys.argv[1]).read().splitlines()[-1])
+md = s["median"]
+print(s["params_total"], md["step_ms"], md["compute_ms"], md["comm_ms"], md["optim_ms"], md["sent_bytes"])
+PY
+}
+
+predict() { # params rate_gbps order c_step c_compute c_optim -> predicted step ms
+  python3 - "$BIN" "$BATCH" "$@" <<'PY'
+import json, subprocess, sys
+b, batch = sys.argv[1], int(sys.argv[2])
+params, gbps, order = float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+c_step, c_compute, c_optim = map(float, sys.argv[6:9])
+devices = 4
+busy_s = (c_compute + c_optim) / 1e3
+tflops = 6 * params * batch / devices / busy_s / 1e12
+out = subprocess.run([b, "plan", "--params", str(params), "--nodes", "2", "--gpus-per-node", "2",
+    "--seq", "1", "--micro-batch", str(batch // devices), "--global-batch", str(batch),
+    "--precision", "f32", "--wire", "f32", "--tflops", str(tflops), "--inter-gbps", str(gbps),
+    "--inter-latency-us", "100", "--intra", "pcie4", "--device-mem", "1000",
+    "--rank-order", order, "--json"], capture_output=True, text=True, check=True).stdout
+p = {json.loads(l)["strategy"]: json.loads(l) for l in out.splitlines()}["ddp"]
+print(p["step_s"] * 1e3 + (c_step - c_compute - c_optim))
+PY
+}
+
+shape none
+train node-major "$tmp/cal.jsonl"
+read -r params c_step c_compute _ c_optim _ <<<"$(summary "$tmp/cal.jsonl")"
+echo "calibration (unshaped, node-major): $params parameters, step $c_step ms, compute $c_compute ms, optimizer $c_optim ms"
+echo "rate_mbit,link_gbps_measured,order,step_ms,compute_ms,comm_ms,sent_bytes,predicted_step_ms,predicted_over_measured" > "$OUT"
+for rate in $RATES; do
+  shape "$rate"
+  gbps=$(link_gbps)
+  declare -A meas pred
+  for order in node-major scrambled; do
+    train "$order" "$tmp/m.jsonl"
+    read -r _ step compute comm _ sent <<<"$(summary "$tmp/m.jsonl")"
+    p=$(predict "$params" "$gbps" "$order" "$c_step" "$c_compute" "$c_optim")
+    meas[$order]=$step; pred[$order]=$p
+    ratio=$(python3 -c "print(f'{$p/$step:.3f}')")
+    echo "$rate,$gbps,$order,$step,$compute,$comm,$sent,$p,$ratio" >> "$OUT"
+    echo "rate $rate Mbit/s (measured $(printf %.3f "$gbps") Gbit/s) $order: step $step ms, predicted $p ms (x$ratio)"
+  done
+  python3 -c "print(f'rate $rate: scrambled / node-major step time: measured {${meas[scrambled]}/${meas[node-major]}:.2f}x, predicted {${pred[scrambled]}/${pred[node-major]}:.2f}x')"
+done
+echo "lab: wrote $OUT"
