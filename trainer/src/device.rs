@@ -5,7 +5,8 @@
 //! backend with a one-line warning: on a CPU-only machine the CPU backend trains the examples
 //! ~20x faster than a software Vulkan adapter), `wgpu` (best hardware adapter), `wgpu:cpu` (a software Vulkan adapter
 //! such as Mesa's lavapipe), `cpu` (Burn's flex backend). wgpu devices are pinned to the native
-//! API (Vulkan on Linux/Windows, Metal on macOS) so wiretrain never silently falls back to GL.
+//! APIs (Vulkan on Linux; DX12, then Vulkan, on Windows; Metal on macOS) so wiretrain never
+//! silently falls back to GL.
 
 use burn::tensor::Device;
 use burn::tensor::DeviceKind;
@@ -66,12 +67,18 @@ pub fn kernels_for(device: &Device) -> Option<Arc<Kernels>> {
         .map(|(_, k)| k.clone())
 }
 
-fn native_api() -> WgpuBackend {
-    if cfg!(target_os = "macos") {
-        WgpuBackend::Metal
-    } else {
-        WgpuBackend::Vulkan
-    }
+/// The graphics APIs to try, in order. Pinning one keeps wgpu from falling back to GL.
+fn native_apis() -> &'static [WgpuBackend] {
+    // Metal is the only native API on macOS (Vulkan there is MoltenVK, a translation layer).
+    #[cfg(target_os = "macos")]
+    return &[WgpuBackend::Metal];
+    // Windows: every Windows 10+ machine has DX12; Vulkan only where a GPU vendor's driver
+    // installed it, so it is the second choice.
+    #[cfg(windows)]
+    return &[WgpuBackend::Dx12, WgpuBackend::Vulkan];
+    // Linux, BSDs: Vulkan (Mesa's lavapipe on CPU-only machines).
+    #[cfg(not(any(target_os = "macos", windows)))]
+    return &[WgpuBackend::Vulkan];
 }
 
 /// Initialized wgpu devices (or why they failed), by selector.
@@ -85,9 +92,25 @@ fn wgpu_cached(kind: DeviceKind, key: &'static str) -> Result<RankDevice, String
     if let Some((_, r)) = c.iter().find(|(k, _)| *k == key) {
         return r.clone();
     }
-    let r = Device::wgpu_options()
+    let mut failures = Vec::new();
+    let mut r = Err(String::new());
+    for &api in native_apis() {
+        r = init_wgpu(kind.clone(), api);
+        match &r {
+            Ok(_) => break,
+            Err(e) => failures.push(format!("{api:?}: {e}")),
+        }
+    }
+    let r = r.map_err(|_| failures.join("; "));
+    c.push((key, r.clone()));
+    r
+}
+
+/// Initializes Burn's wgpu device of `kind` on `api` and our kernels on the same device.
+fn init_wgpu(kind: DeviceKind, api: WgpuBackend) -> Result<RankDevice, String> {
+    Device::wgpu_options()
         .device_kind(kind)
-        .graphics_api(native_api())
+        .graphics_api(api)
         .init_with_setup()
         .map(|(device, setup)| {
             let info = setup.adapter.get_info();
@@ -111,9 +134,7 @@ fn wgpu_cached(kind: DeviceKind, key: &'static str) -> Result<RankDevice, String
                 kernels: Some(kernels),
             }
         })
-        .map_err(|e| format!("{e:?}"));
-    c.push((key, r.clone()));
-    r
+        .map_err(|e| format!("{e:?}"))
 }
 
 /// Resolves a spec to a device (all local ranks of a CPU-only node share lavapipe or the CPU

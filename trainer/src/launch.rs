@@ -4,6 +4,8 @@
 //! Node 0 binds an ephemeral port on 127.0.0.1 and writes it to a file; the launcher then
 //! starts nodes 1.. with `--master` pointing at it and `--bind 127.0.0.(i+1):0`. All nodes get
 //! the same fresh 256-bit job token through `WIRETRAIN_TOKEN` (unless one is already set).
+//! (macOS configures only 127.0.0.1 on its loopback interface, so there every node binds
+//! 127.0.0.1 and they differ by port.)
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -69,6 +71,17 @@ fn temp_dir() -> std::io::Result<PathBuf> {
     Ok(d)
 }
 
+/// The loopback address node `node` binds: its own 127.0.0.x where the whole 127/8 reaches
+/// the loopback interface (Linux, Windows), so tools see one address per node.
+fn node_ip(node: usize) -> String {
+    // macOS answers only 127.0.0.1 unless more aliases are configured by hand.
+    if cfg!(target_os = "macos") || node >= 254 {
+        "127.0.0.1".into()
+    } else {
+        format!("127.0.0.{}", node + 1)
+    }
+}
+
 /// Runs `nodes` copies of this executable with `args` (a subcommand and its flags, without
 /// any rendezvous flags), adds the rendezvous flags per node, and waits for all of them.
 /// When a node fails, the others get `grace` to notice and exit on their own before they are
@@ -102,7 +115,7 @@ pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(),
         if node == 0 {
             c.arg("--addr-file").arg(&addr_file);
         } else {
-            c.arg("--bind").arg(format!("127.0.0.{}:0", node + 1));
+            c.arg("--bind").arg(format!("{}:0", node_ip(node)));
         }
         let child = c
             .spawn()

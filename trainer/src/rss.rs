@@ -4,6 +4,11 @@
 
 /// The process's peak resident set size in bytes since start (or the last reset).
 pub fn peak_rss_bytes() -> Option<u64> {
+    // procfs is Linux's; elsewhere a path like /proc/self/status means nothing (or, on
+    // Windows, a file on the current drive).
+    if !cfg!(target_os = "linux") {
+        return None;
+    }
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -12,7 +17,7 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 /// Resets the peak to the current resident size; false where that is not possible.
 pub fn reset_peak_rss() -> bool {
-    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+    cfg!(target_os = "linux") && std::fs::write("/proc/self/clear_refs", "5").is_ok()
 }
 
 #[cfg(test)]

@@ -53,7 +53,10 @@ pub fn install(on_stop: Option<Callback>) -> Result<Arc<AtomicBool>, String> {
     .clone()
 }
 
-/// Sends SIGTERM to a child process (a no-op where processes have no signals).
+/// Sends SIGTERM to a child process. A no-op on Windows, which has no signals: there Ctrl-C
+/// and console close reach every process attached to the console, the launcher's children
+/// included, so each node sees it itself (and the launcher kills a child that outlives its
+/// grace period).
 pub fn terminate(pid: u32) {
     #[cfg(unix)]
     if let Ok(pid) = i32::try_from(pid) {

@@ -2,4 +2,5 @@
 //! lanes between nodes ([`quic`]). Both only execute what `algo` plans.
 
 pub mod local;
+pub mod plain_udp;
 pub mod quic;

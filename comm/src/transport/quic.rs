@@ -40,7 +40,10 @@ pub fn endpoint(
     let socket = std::net::UdpSocket::bind(bind)
         .map_err(|source| TransportError::Bind { addr: bind, source })?;
     {
-        // Larger socket buffers absorb bursts at high rates; the kernel caps them silently.
+        // Larger socket buffers absorb bursts at high rates; the kernel caps them silently
+        // (Linux: net.core.rmem_max/wmem_max; Windows and macOS take them as given). Segment
+        // offload is quinn-udp's business per platform (GSO/GRO on Linux, USO/URO on Windows,
+        // none on macOS), so no socket option here is platform-specific.
         let s = socket2::SockRef::from(&socket);
         let _ = s.set_recv_buffer_size(tuning.udp_buffer_bytes);
         let _ = s.set_send_buffer_size(tuning.udp_buffer_bytes);
@@ -54,8 +57,27 @@ pub fn endpoint(
     ep_cfg
         .max_udp_payload_size(tuning.mtu_upper_bound.max(1472))
         .map_err(|e| TransportError::Tls(format!("max UDP payload: {e}")))?;
-    Endpoint::new(ep_cfg, Some(server), socket, runtime)
-        .map_err(|source| TransportError::Bind { addr: bind, source })
+    let bind_err = |source| TransportError::Bind { addr: bind, source };
+    let spare = socket.try_clone().map_err(bind_err)?;
+    // quinn-udp sets ECN, packet-info and don't-fragment options up front; a stack that refuses
+    // them (Wine's Winsock) gets a plain UDP socket instead of no QUIC at all.
+    // WIRETRAIN_PLAIN_UDP=1 forces the plain socket (for tests and diagnosis).
+    let force_plain = std::env::var("WIRETRAIN_PLAIN_UDP").is_ok_and(|v| v == "1");
+    let wrapped = if force_plain {
+        Err(std::io::Error::other("WIRETRAIN_PLAIN_UDP=1"))
+    } else {
+        runtime.wrap_udp_socket(socket)
+    };
+    let sock: Arc<dyn quinn::AsyncUdpSocket> = match wrapped {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(
+                "UDP socket on {bind}: {e}; using a plain UDP socket (no ECN, no segment offload)"
+            );
+            Arc::new(super::plain_udp::PlainUdp::new(spare).map_err(bind_err)?)
+        }
+    };
+    Endpoint::new_with_abstract_socket(ep_cfg, Some(server), sock, runtime).map_err(bind_err)
 }
 
 /// The transport parameters both sides use.
