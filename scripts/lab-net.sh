@@ -1,7 +1,9 @@
 # Sourced by the lab scripts (scripts/lab.sh, scripts/lab-placement.sh): NODES network
 # namespaces ("nodes") joined through a bridge in a hub namespace by veth pairs; node i has
 # address $net.(i+1) on its eth0. `ns I` names node I's namespace, `shape RATE` puts a tbf of
-# RATE Mbit/s (or none) on both ends of every node's veth, and everything is removed on exit.
+# RATE Mbit/s (or none) on both ends of every node's veth, `job` runs node processes of one
+# wiretrain job in chosen namespaces, `link_gbps` measures the link between namespaces 0 and 1
+# with `wiretrain bench --op p2p`; everything is removed on exit.
 # Needs root; the caller checks that and sets NODES.
 id=$$; hub="wtlab${id}hub"; net=10.215.$((id % 250))
 tmp=$(mktemp -d)
@@ -44,5 +46,38 @@ shape() { # $1 = Mbit/s or none: tbf on both ends of every node's veth
       tc -n "$where" qdisc add dev "$dev" root tbf rate "${rate}mbit" burst "$burst" latency 200ms
     done
   done
+}
+
+# `job PROCS RANKS_PER_NODE PLACEMENT ARGS...`: PROCS node processes of one job, process r in
+# namespace PLACEMENT[r] (a string of digits), each with RANKS_PER_NODE ranks.
+job() {
+  local procs=$1 rpn=$2 place=$3; shift 3
+  export WIRETRAIN_TOKEN="lab-$id-$RANDOM"
+  rm -f "$tmp/addr"
+  local common=(--nnodes "$procs" --ranks-per-node "$rpn")
+  local n0=${place:0:1}
+  ip netns exec "$(ns "$n0")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank 0 \
+    --master "$net.$((n0 + 1)):0" --addr-file "$tmp/addr" >"$tmp/out0" 2>"$tmp/err0" &
+  local pids=($!)
+  for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
+  [ -s "$tmp/addr" ] || { echo "lab: node 0 never listened"; cat "$tmp/err0"; return 1; }
+  for r in $(seq 1 $((procs - 1))); do
+    local n=${place:$r:1}
+    ip netns exec "$(ns "$n")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank "$r" \
+      --master "$(cat "$tmp/addr")" --bind "$net.$((n + 1)):0" >"$tmp/out$r" 2>"$tmp/err$r" &
+    pids+=($!)
+  done
+  local rc=0
+  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  [ "$rc" = 0 ] || { echo "lab: job failed"; cat "$tmp"/err*; return 1; }
+}
+
+link_gbps() { # measured by wiretrain: p2p between namespaces 0 and 1, GB/s -> Gbit/s
+  job 2 1 01 bench --op p2p --bytes 4M --iters 5 --warmup 1 --json
+  python3 - "$tmp/out0" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
+print(max(r["busbw_gbps"] for r in rows) * 8)
+PY
 }
 

@@ -26,30 +26,6 @@ command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iprou
 # shellcheck source=scripts/lab-net.sh
 source "$(dirname "$0")/lab-net.sh"
 
-# `job PROCS RANKS_PER_NODE PLACEMENT ARGS...`: PROCS node processes of one job, process r in
-# namespace PLACEMENT[r] (a string of digits), each with RANKS_PER_NODE ranks.
-job() {
-  local procs=$1 rpn=$2 place=$3; shift 3
-  export WIRETRAIN_TOKEN="lab-$id-$RANDOM"
-  rm -f "$tmp/addr"
-  local common=(--nnodes "$procs" --ranks-per-node "$rpn")
-  local n0=${place:0:1}
-  ip netns exec "$(ns "$n0")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank 0 \
-    --master "$net.$((n0 + 1)):0" --addr-file "$tmp/addr" >"$tmp/out0" 2>"$tmp/err0" &
-  local pids=($!)
-  for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
-  [ -s "$tmp/addr" ] || { echo "lab: node 0 never listened"; cat "$tmp/err0"; return 1; }
-  for r in $(seq 1 $((procs - 1))); do
-    local n=${place:$r:1}
-    ip netns exec "$(ns "$n")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank "$r" \
-      --master "$(cat "$tmp/addr")" --bind "$net.$((n + 1)):0" >"$tmp/out$r" 2>"$tmp/err$r" &
-    pids+=($!)
-  done
-  local rc=0
-  for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  [ "$rc" = 0 ] || { echo "lab: job failed"; cat "$tmp"/err*; return 1; }
-}
-
 train() { # $1 order, $2 metrics file
   # shellcheck disable=SC2206
   local args=(train --example "$EXAMPLE" --strategy ddp --steps "$STEPS" --global-batch "$BATCH"
@@ -58,15 +34,6 @@ train() { # $1 order, $2 metrics file
     node-major) job 2 2 01 "${args[@]}" ;;
     scrambled) job 4 1 0101 "${args[@]}" ;;
   esac
-}
-
-link_gbps() { # measured by wiretrain: p2p between the two namespaces, GB/s -> Gbit/s
-  job 2 1 01 bench --op p2p --bytes 4M --iters 5 --warmup 1 --json
-  python3 - "$tmp/out0" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(max(r["busbw_gbps"] for r in rows) * 8)
-PY
 }
 
 summary() { # metrics file -> "params step compute comm optim sent"

@@ -3,7 +3,8 @@
 # namespace) by veth pairs, each node's link shaped with `tc tbf` in both directions; real
 # training runs of every strategy at every link rate; one CSV row per run with the measured
 # step and, beside it, what `wiretrain plan` predicts for that run, calibrated on this machine
-# (compute rate from the unshaped run of the same strategy; link rate = the tbf rate).
+# (compute rate from the unshaped run of the same strategy; link rate measured at each rate
+# by `wiretrain bench --op p2p` between two of the namespaces).
 # Needs root (ip netns, tc). Cleans up after itself; every run is bounded (LIMIT seconds).
 #
 #   scripts/lab.sh            # defaults below; writes $OUT and prints it
@@ -49,10 +50,15 @@ run() { # $1 strategy, $2 metrics file
   [ "$rc" = 0 ] || { echo "lab: $1 failed"; cat "$tmp"/err*; return 1; }
 }
 
-echo "rate_mbit,strategy,nodes,params,step_ms,compute_ms,comm_ms,optim_ms,sent_bytes,samples_per_s,predicted_step_ms,predicted_over_measured" > "$OUT"
+echo "rate_mbit,strategy,nodes,params,step_ms,compute_ms,comm_ms,optim_ms,sent_bytes,samples_per_s,predicted_step_ms,predicted_over_measured,link_gbps_measured" > "$OUT"
 declare -A calib
 for rate in $RATES; do
   shape "$rate"
+  gbps=none
+  if [ "$rate" != none ] && [ "$NODES" -ge 2 ]; then
+    gbps=$(link_gbps)
+    echo "rate ${rate} Mbit/s: wiretrain bench --op p2p measures $gbps Gbit/s"
+  fi
   for st in $STRATEGIES; do
     run "$st" "$tmp/m.jsonl"
     row=$(python3 - "$tmp/m.jsonl" "$rate" "$st" "$NODES" "$BATCH" <<'PY'
@@ -69,17 +75,18 @@ PY
     # sample) and the fixed per-step cost of the collectives on this machine.
     if [ "$rate" = none ]; then calib[$st]="$step $compute $optim"; fi
     read -r c_step c_compute c_optim <<<"${calib[$st]:-$step $compute $optim}"
-    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$rate" "$st" "$c_step" "$c_compute" "$c_optim" <<'PY'
+    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$rate" "$st" "$c_step" "$c_compute" "$c_optim" "$gbps" <<'PY'
 import json, subprocess, sys
 b, params, nodes, batch, rate, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 c_step, c_compute, c_optim = map(float, sys.argv[7:10])
+gbps = float(rate) / 1000 if sys.argv[10] == "none" else float(sys.argv[10])
 if rate == "none":
     print(c_step); sys.exit()
 busy_s = (c_compute + c_optim) / 1e3
 tflops = 6 * params * batch / nodes / busy_s / 1e12
 out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
     "--seq", "1", "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
-    "--wire", "f32", "--tflops", str(tflops), "--inter-gbps", str(float(rate) / 1000), "--inter-latency-us", "100",
+    "--wire", "f32", "--tflops", str(tflops), "--inter-gbps", str(gbps), "--inter-latency-us", "100",
     "--device-mem", "1000", "--json"], capture_output=True, text=True, check=True).stdout
 p = {json.loads(l)["strategy"]: json.loads(l) for l in out.splitlines()}[st]
 # The unshaped run's communication (loopback) is the fixed cost beyond the link's share.
@@ -88,7 +95,7 @@ print(p["step_s"] * 1e3 + fixed_ms)
 PY
 )
     ratio=$(python3 -c "print(f'{$pred/$step:.3f}')")
-    echo "$row,$pred,$ratio" >> "$OUT"
+    echo "$row,$pred,$ratio,$gbps" >> "$OUT"
     echo "rate ${rate} ${st}: step ${step} ms, predicted ${pred} ms (x${ratio})"
   done
 done
