@@ -79,7 +79,7 @@ PY
 import json, subprocess, sys
 b, params, nodes, batch, rate, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 c_step, c_compute, c_optim = map(float, sys.argv[7:10])
-gbps = float(rate) / 1000 if sys.argv[10] == "none" else float(sys.argv[10])
+gbps = sys.argv[10] if sys.argv[10] != "none" else (rate if rate == "none" else float(rate) / 1000)
 if rate == "none":
     print(c_step); sys.exit()
 busy_s = (c_compute + c_optim) / 1e3
