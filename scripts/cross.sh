@@ -12,6 +12,9 @@
 #
 #   scripts/cross.sh [target ...]        # default: both targets; log in target/cross/
 #
+# Bounds: each build BUILD_LIMIT seconds (default 5400: a cold release build of Burn and wgpu
+# takes 20-30 minutes on 2 cores), each smoke run 120-600 s.
+#
 # Needs root (or sudo) for apt-get and, for the aarch64 bench (whose launcher starts more
 # aarch64 processes), for registering qemu-aarch64 with binfmt_misc. macOS targets cannot be
 # built here: ring's C code needs Apple's SDK (see docs/PLATFORMS.md).
@@ -121,7 +124,7 @@ smoke() { # target runner...
 
 for t in "${targets[@]}"; do
   t0=$(date +%s)
-  if cargo build --release --target "$t" --bin wiretrain >>"$log" 2>&1; then
+  if bounded "${BUILD_LIMIT:-5400}" cargo build --release --target "$t" --bin wiretrain >>"$log" 2>&1; then
     ext=""; [ "$t" = x86_64-pc-windows-gnu ] && ext=.exe
     bin="$CARGO_TARGET_DIR/$t/release/wiretrain$ext"
     result "$t" build PASS "$(( $(date +%s) - t0 )) s, $(du -h "$bin" | cut -f1) $(file -b "$bin" | cut -d, -f1-2)"
