@@ -102,8 +102,10 @@ smoke() { # target runner...
   if [[ $o == wiretrain\ * ]]; then result "$t" version PASS "$o"; else result "$t" version FAIL "$o"; fi
 
   o=$(bounded 300 "${runner[@]}" plan --params 1.3e9 --nodes 2 --gpus-per-node 4 2>&1)
-  if [ $? -eq 0 ] && grep -qi "zero" <<<"$o"; then
-    result "$t" plan PASS "$(grep -ci zero <<<"$o") strategy lines"
+  local rows_plan
+  rows_plan=$(grep -cE '^ *(ddp|zero1|zero2|zero3|hybrid) ' <<<"$o" || true)
+  if [ "$rows_plan" -eq 5 ] && grep -q "^recommendation:" <<<"$o"; then
+    result "$t" plan PASS "5 strategy rows and a recommendation"
   else result "$t" plan FAIL "$(tail -c 400 <<<"$o")"; fi
 
   o=$(bounded 600 "${runner[@]}" bench --local 2 --op all-reduce --bytes 64K,1M --iters 5 \
