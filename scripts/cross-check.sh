@@ -19,13 +19,8 @@ if [ ${#need[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 rustup target add "${targets[@]}" >/dev/null
-# Some build scripts (turso_sdk_kit, through burn's cubecl-environment) call plain `windres`.
-shim=$(mktemp -d)
-trap 'rm -rf "$shim"' EXIT
-ln -s "$(command -v x86_64-w64-mingw32-windres)" "$shim/windres"
-export PATH="$shim:$PATH"
-export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
+# shellcheck source=scripts/cross-env.sh
+source scripts/cross-env.sh
 for t in "${targets[@]}"; do
   t0=$(date +%s)
   cargo check --target "$t" -p wiretrain-comm -p wiretrain-shaders --all-targets

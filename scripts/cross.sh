@@ -57,15 +57,8 @@ if [ ${#need_pkgs[@]} -gt 0 ]; then
     "${need_pkgs[@]}" >>"$log" 2>&1 || { say "apt-get install failed (see $log)"; exit 1; }
 fi
 rustup target add "${targets[@]}" >>"$log" 2>&1 || { say "rustup target add failed"; exit 1; }
-# Some build scripts (turso_sdk_kit, through burn's cubecl-environment) call plain `windres`.
-shim=$(mktemp -d)
-trap 'rm -rf "$shim"' EXIT
-ln -s "$(command -v x86_64-w64-mingw32-windres || echo /usr/bin/x86_64-w64-mingw32-windres)" "$shim/windres"
-export PATH="$shim:$PATH"
-export CC_x86_64_pc_windows_gnu=x86_64-w64-mingw32-gcc
-export CARGO_TARGET_X86_64_PC_WINDOWS_GNU_LINKER=x86_64-w64-mingw32-gcc
-export CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc
-export CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc
+# shellcheck source=scripts/cross-env.sh
+source scripts/cross-env.sh
 export CARGO_PROFILE_RELEASE_DEBUG=false
 
 # Rust's std (1.78+) takes random bytes from ProcessPrng in bcryptprimitives.dll, which every

@@ -138,14 +138,7 @@ fn bad_diloco_settings_are_refused() {
             "--outer-momentum",
         ),
     ] {
-        let out = common::run(&args, &[], Duration::from_secs(60));
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(
-            out.status.code(),
-            Some(2),
-            "{args:?}: {}",
-            common::text(&out)
-        );
+        let err = common::refused(&args);
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
@@ -203,12 +196,13 @@ fn run_args(a: &[String]) -> std::process::Output {
     common::run(&a, &[], Duration::from_secs(300))
 }
 
-fn losses(p: &std::path::Path) -> Vec<(u64, f64)> {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("summary").is_none())
+/// Runs `a` (which must succeed) with metrics; returns (step, loss) of every step.
+fn step_losses(name: &str, a: &[String]) -> Vec<(u64, f64)> {
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let name = name.replace(':', "-");
+    let v = common::train_metrics(&name, &a, &[], Duration::from_secs(300));
+    steps(&v)
+        .iter()
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
         .collect()
 }
@@ -235,18 +229,15 @@ fn resume_case(strategy: &str) {
     let ck = p("ck");
 
     // 10 steps straight through: outer steps after steps 3, 6 and 9.
-    let base = run_args(&diloco_args(
-        "2",
-        strategy,
-        "10",
-        &[
-            "--metrics".into(),
-            p("base.jsonl"),
-            "--save-params".into(),
-            p("base.f32"),
-        ],
-    ));
-    assert!(base.status.success(), "{}", common::text(&base));
+    let lb = step_losses(
+        &format!("resume-base-{strategy}"),
+        &diloco_args(
+            "2",
+            strategy,
+            "10",
+            &["--save-params".into(), p("base.f32")],
+        ),
+    );
 
     // 8 steps with checkpoints at 4 and 8 (8 is one inner step into the third round), then
     // resume to 10.
@@ -275,22 +266,21 @@ fn resume_case(strategy: &str) {
         files,
         "{manifest}"
     );
-    let b = run_args(&diloco_args(
-        "2",
-        strategy,
-        "10",
-        &[
-            "--checkpoint-dir".into(),
-            ck.clone(),
-            "--resume".into(),
-            "--metrics".into(),
-            p("b.jsonl"),
-            "--save-params".into(),
-            p("b.f32"),
-        ],
-    ));
-    assert!(b.status.success(), "{}", common::text(&b));
-    let (lb, lr) = (losses(&d.join("base.jsonl")), losses(&d.join("b.jsonl")));
+    let lr = step_losses(
+        &format!("resume-b-{strategy}"),
+        &diloco_args(
+            "2",
+            strategy,
+            "10",
+            &[
+                "--checkpoint-dir".into(),
+                ck.clone(),
+                "--resume".into(),
+                "--save-params".into(),
+                p("b.f32"),
+            ],
+        ),
+    );
     assert_eq!(lr.len(), 2, "resumed at step 8: {lr:?}");
     for (s, l) in &lr {
         let want = lb.iter().find(|(t, _)| t == s).unwrap().1;
@@ -331,26 +321,14 @@ fn resume_case(strategy: &str) {
 /// it, and still sends nothing between nodes in inner steps.
 #[test]
 fn sharding_inside_the_node_matches_ddp_inside_it() {
-    let d = std::env::temp_dir().join(format!("wiretrain-diloco-inner-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    let mut runs = Vec::new();
-    for inner in ["ddp", "hybrid"] {
-        let m = d.join(format!("{inner}.jsonl"));
-        let out = run_args(&diloco_args(
-            "2",
-            &format!("diloco:{inner}"),
-            "9",
-            &["--metrics".into(), m.to_str().unwrap().into()],
-        ));
-        assert!(out.status.success(), "{inner}: {}", common::text(&out));
-        let lines: Vec<serde_json::Value> = std::fs::read_to_string(&m)
-            .unwrap()
-            .lines()
-            .map(|l| serde_json::from_str(l).unwrap())
-            .collect();
-        runs.push(lines);
-    }
+    let runs: Vec<Vec<serde_json::Value>> = ["ddp", "hybrid"]
+        .iter()
+        .map(|inner| {
+            let a = diloco_args("2", &format!("diloco:{inner}"), "9", &[]);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            common::train_metrics(&format!("inner-{inner}"), &a, &[], Duration::from_secs(300))
+        })
+        .collect();
     let (ddp, hyb) = (steps(&runs[0]), steps(&runs[1]));
     assert_eq!(hyb.len(), 9);
     for (i, (a, b)) in ddp.iter().zip(&hyb).enumerate() {
@@ -375,5 +353,4 @@ fn sharding_inside_the_node_matches_ddp_inside_it() {
     };
     let (a, b) = (mem(&runs[0]), mem(&runs[1]));
     assert!(b < 0.6 * a, "optimizer bytes per rank: ddp {a}, hybrid {b}");
-    let _ = std::fs::remove_dir_all(&d);
 }

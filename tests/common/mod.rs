@@ -82,3 +82,11 @@ pub fn train_metrics(
     let _ = std::fs::remove_dir_all(&d);
     v
 }
+
+/// Runs `wiretrain args...`, asserts it was refused as bad input (exit status 2), and returns
+/// its stderr.
+pub fn refused(args: &[&str]) -> String {
+    let out = run(args, &[], Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
