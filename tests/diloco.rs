@@ -137,6 +137,14 @@ fn bad_diloco_settings_are_refused() {
             vec!["train", "--strategy", "diloco", "--outer-momentum", "1.5"],
             "--outer-momentum",
         ),
+        (
+            vec!["train", "--strategy", "diloco", "--inner-strategy", "zero3"],
+            "--inner-strategy",
+        ),
+        (
+            vec!["train", "--inner-strategy", "hybrid"],
+            "--inner-strategy",
+        ),
     ] {
         let err = common::refused(&args);
         assert!(err.contains(needle), "{args:?}: {err}");
