@@ -2,8 +2,9 @@
 # namespaces ("nodes") joined through a bridge in a hub namespace by veth pairs; node i has
 # address $net.(i+1) on its eth0. `ns I` names node I's namespace, `shape RATE` puts a tbf of
 # RATE Mbit/s (or none) on both ends of every node's veth, `job` runs node processes of one
-# wiretrain job in chosen namespaces, `link_gbps` measures the link between namespaces 0 and 1
-# with `wiretrain bench --op p2p`; everything is removed on exit.
+# wiretrain job in chosen namespaces, `link` measures the link between namespaces 0 and 1
+# with `wiretrain bench --op p2p`, `compute_tflops` the compute rate with `wiretrain bench
+# --op compute`; everything is removed on exit.
 # Needs root; the caller checks that and sets NODES.
 id=$$; hub="wtlab${id}hub"; net=10.215.$((id % 250))
 tmp=$(mktemp -d)
@@ -72,12 +73,31 @@ job() {
   [ "$rc" = 0 ] || { echo "lab: job failed"; cat "$tmp"/err*; return 1; }
 }
 
-link_gbps() { # measured by wiretrain: p2p between namespaces 0 and 1, GB/s -> Gbit/s
-  job 2 1 01 bench --op p2p --bytes 4M --iters 5 --warmup 1 --json
+link() { # measured by wiretrain: p2p between namespaces 0 and 1 -> "Gbit/s latency_us"
+  # (the rate from 4 MiB messages, the per-message latency from 4 KiB ones)
+  job 2 1 01 bench --op p2p --bytes 4K,4M --iters 9 --warmup 1 --json
   python3 - "$tmp/out0" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
-print(max(r["busbw_gbps"] for r in rows) * 8)
+big = max(rows, key=lambda r: r["bytes"])
+small = min(rows, key=lambda r: r["bytes"])
+print(big["busbw_gbps"] * 8, small["time_us"])
 PY
 }
 
+
+# `compute_tflops PROCS RANKS_PER_NODE SAMPLES`: the training compute rate measured by
+# `wiretrain bench --op compute` (the example's whole step, EXTRA's model flags, SAMPLES per
+# rank) in PROCS processes of RANKS_PER_NODE ranks at once, sharing the cores as the runs do;
+# prints the step's TFLOP/s by the planner's 6·Ψ·tokens model.
+compute_tflops() {
+  # shellcheck disable=SC2086
+  timeout "$LIMIT" "$BIN" bench --op compute --local "$1" --ranks-per-node "$2" --batch "$3" \
+    --example "$EXAMPLE" $EXTRA --device cpu --iters 5 --warmup 1 --json >"$tmp/compute" 2>"$tmp/compute.err" \
+    || { echo "lab: bench --op compute failed" >&2; cat "$tmp/compute.err" >&2; return 1; }
+  python3 - "$tmp/compute" <<'PY'
+import json, sys
+r = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")][-1]
+print(r["step_tflops"], r["seq"])
+PY
+}

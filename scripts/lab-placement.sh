@@ -6,8 +6,8 @@
 #   scrambled   4 single-rank node processes, ranks 0 and 2 in namespace 0 and ranks 1 and 3 in
 #               namespace 1: a flat ring in which every neighbour is across the link.
 # Calibration by wiretrain itself: `wiretrain bench --op p2p` between the two namespaces at
-# each rate gives the link rate the planner is fed (not the nominal tbf rate), and the unshaped
-# node-major run gives the compute rate and the fixed per-step cost (as scripts/lab.sh does).
+# each rate gives the link rate and latency the planner is fed (not the nominal tbf rate), and
+# `wiretrain bench --op compute` with 4 ranks at once the compute rate (as scripts/lab.sh does).
 # Needs root (ip netns, tc); cleans up after itself; every run is bounded (LIMIT seconds).
 #
 #   scripts/lab-placement.sh        # writes $OUT (CSV) and prints the table
@@ -45,38 +45,33 @@ print(s["params_total"], md["step_ms"], md["compute_ms"], md["comm_ms"], md["opt
 PY
 }
 
-predict() { # params rate_gbps order c_step c_compute c_optim -> predicted step ms
-  python3 - "$BIN" "$BATCH" "$@" <<'PY'
+predict() { # params rate_gbps latency_us order -> predicted step ms
+  python3 - "$BIN" "$BATCH" "$tflops" "$seq" "$@" <<'PY'
 import json, subprocess, sys
-b, batch = sys.argv[1], int(sys.argv[2])
-params, gbps, order = float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
-c_step, c_compute, c_optim = map(float, sys.argv[6:9])
-devices = 4
-busy_s = (c_compute + c_optim) / 1e3
-tflops = 6 * params * batch / devices / busy_s / 1e12
-out = subprocess.run([b, "plan", "--params", str(params), "--nodes", "2", "--gpus-per-node", "2",
-    "--seq", "1", "--micro-batch", str(batch // devices), "--global-batch", str(batch),
-    "--precision", "f32", "--wire", "f32", "--tflops", str(tflops), "--inter-gbps", str(gbps),
-    "--inter-latency-us", "100", "--intra", "pcie4", "--device-mem", "1000",
+b, batch, tflops, seq = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+params, gbps, lat, order = sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
+out = subprocess.run([b, "plan", "--params", params, "--nodes", "2", "--gpus-per-node", "2",
+    "--seq", seq, "--micro-batch", str(batch // 4), "--global-batch", str(batch),
+    "--precision", "f32", "--wire", "f32", "--tflops", tflops, "--inter-gbps", gbps,
+    "--inter-latency-us", lat, "--intra", "pcie4", "--device-mem", "1000",
     "--rank-order", order, "--json"], capture_output=True, text=True, check=True).stdout
 p = {json.loads(l)["strategy"]: json.loads(l) for l in out.splitlines()}["ddp"]
-print(p["step_s"] * 1e3 + (c_step - c_compute - c_optim))
+print(p["step_s"] * 1e3)
 PY
 }
 
-shape none
-train node-major "$tmp/cal.jsonl"
-read -r params c_step c_compute _ c_optim _ <<<"$(summary "$tmp/cal.jsonl")"
-echo "calibration (unshaped, node-major): $params parameters, step $c_step ms, compute $c_compute ms, optimizer $c_optim ms"
+# Both orders run 4 ranks on the machine's cores: the compute rate is measured that way.
+read -r tflops seq <<<"$(compute_tflops 2 2 $((BATCH / 4)))"
+echo "calibration: wiretrain bench --op compute: $tflops TFLOP/s per rank (4 ranks at once)"
 echo "rate_mbit,link_gbps_measured,order,step_ms,compute_ms,comm_ms,sent_bytes,predicted_step_ms,predicted_over_measured" > "$OUT"
 for rate in $RATES; do
   shape "$rate"
-  gbps=$(link_gbps)
+  read -r gbps lat <<<"$(link)"
   declare -A meas pred
   for order in node-major scrambled; do
     train "$order" "$tmp/m.jsonl"
-    read -r _ step compute comm _ sent <<<"$(summary "$tmp/m.jsonl")"
-    p=$(predict "$params" "$gbps" "$order" "$c_step" "$c_compute" "$c_optim")
+    read -r params step compute comm _ sent <<<"$(summary "$tmp/m.jsonl")"
+    p=$(predict "$params" "$gbps" "$lat" "$order")
     meas[$order]=$step; pred[$order]=$p
     ratio=$(python3 -c "print(f'{$p/$step:.3f}')")
     echo "$rate,$gbps,$order,$step,$compute,$comm,$sent,$p,$ratio" >> "$OUT"

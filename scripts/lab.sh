@@ -3,15 +3,16 @@
 # namespace) by veth pairs, each node's link shaped with `tc tbf` in both directions; real
 # training runs of every strategy at every link rate; one CSV row per run with the measured
 # step and, beside it, what `wiretrain plan` predicts for that run, calibrated on this machine
-# (compute rate from the unshaped run of the same strategy; link rate measured at each rate
-# by `wiretrain bench --op p2p` between two of the namespaces).
+# by `wiretrain bench` alone: the compute rate by `--op compute`, the link rate and latency at
+# each rate (unshaped too) by `--op p2p` between two of the namespaces.
 # Needs root (ip netns, tc). Cleans up after itself; every run is bounded (LIMIT seconds).
 #
 #   scripts/lab.sh            # defaults below; writes $OUT and prints it
 #
 # Env: NODES (2), RATES ("none 1000 200 50", Mbit/s, none = unshaped), STRATEGIES
-#      ("ddp zero1 zero2 zero3 hybrid"), EXAMPLE (char-lm), EXTRA (more train flags, default
-#      "--d-model 256": 1.6M parameters, so communication matters), STEPS (10), BATCH (32),
+#      ("ddp zero1 zero2 zero3 hybrid"), EXAMPLE (char-lm), EXTRA (model flags, given to both
+#      train and bench --op compute; default "--d-model 256": 1.6M parameters, so
+#      communication matters), STEPS (10), BATCH (32),
 #      LIMIT (300),
 #      BIN (the wiretrain binary), OUT (CSV path).
 set -euo pipefail
@@ -50,15 +51,17 @@ run() { # $1 strategy, $2 metrics file
   [ "$rc" = 0 ] || { echo "lab: $1 failed"; cat "$tmp"/err*; return 1; }
 }
 
-echo "rate_mbit,strategy,nodes,params,step_ms,compute_ms,comm_ms,optim_ms,sent_bytes,samples_per_s,predicted_step_ms,predicted_over_measured,link_gbps_measured" > "$OUT"
-declare -A calib
+# Calibration by wiretrain itself, before any run: `wiretrain bench --op compute` gives the
+# compute rate (the example's step in NODES processes at once), `wiretrain bench --op p2p`
+# between two namespaces gives the link rate and per-message latency at each rate (unshaped
+# too). Every row, unshaped included, is then a prediction from these figures alone.
+read -r tflops seq <<<"$(compute_tflops "$NODES" 1 $((BATCH / NODES)))"
+echo "calibration: wiretrain bench --op compute: $tflops TFLOP/s per process ($NODES at once)"
+echo "rate_mbit,strategy,nodes,params,step_ms,compute_ms,comm_ms,optim_ms,sent_bytes,samples_per_s,predicted_step_ms,predicted_over_measured,link_gbps_measured,latency_us_measured,tflops_measured" > "$OUT"
 for rate in $RATES; do
   shape "$rate"
-  gbps=none
-  if [ "$rate" != none ] && [ "$NODES" -ge 2 ]; then
-    gbps=$(link_gbps)
-    echo "rate ${rate} Mbit/s: wiretrain bench --op p2p measures $gbps Gbit/s"
-  fi
+  read -r gbps lat <<<"$(link)"
+  echo "rate ${rate} Mbit/s: wiretrain bench --op p2p measures $gbps Gbit/s, $lat us per message"
   for st in $STRATEGIES; do
     run "$st" "$tmp/m.jsonl"
     row=$(python3 - "$tmp/m.jsonl" "$rate" "$st" "$NODES" "$BATCH" <<'PY'
@@ -70,32 +73,23 @@ print(",".join(str(x) for x in [rate, st, nodes, s["params_total"], md["step_ms"
       md["comm_ms"], md["optim_ms"], md["sent_bytes"], batch / (md["step_ms"] / 1e3)]))
 PY
 )
-    IFS=, read -r _ _ _ params step compute comm optim sent sps <<<"$row"
-    # Calibration: the unshaped run of this strategy gives the compute rate (6 psi FLOPs per
-    # sample) and the fixed per-step cost of the collectives on this machine.
-    if [ "$rate" = none ]; then calib[$st]="$step $compute $optim"; fi
-    read -r c_step c_compute c_optim <<<"${calib[$st]:-$step $compute $optim}"
-    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$rate" "$st" "$c_step" "$c_compute" "$c_optim" "$gbps" <<'PY'
+    IFS=, read -r _ _ _ params step _ <<<"$row"
+    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$seq" "$st" "$tflops" "$gbps" "$lat" <<'PY'
 import json, subprocess, sys
-b, params, nodes, batch, rate, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-c_step, c_compute, c_optim = map(float, sys.argv[7:10])
-gbps = sys.argv[10] if sys.argv[10] != "none" else (rate if rate == "none" else float(rate) / 1000)
-if rate == "none":
-    print(c_step); sys.exit()
-busy_s = (c_compute + c_optim) / 1e3
-tflops = 6 * params * batch / nodes / busy_s / 1e12
+b, params, nodes, batch, seq, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
+tflops, gbps, lat = sys.argv[7:10]
+# wiretrain's ZeRO-3 recomputes each unit's forward in backward: 8 psi per token.
+extra = ["--recompute"] if st == "zero3" else []
 out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
-    "--seq", "1", "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
-    "--wire", "f32", "--tflops", str(tflops), "--inter-gbps", str(gbps), "--inter-latency-us", "100",
-    "--device-mem", "1000", "--json"], capture_output=True, text=True, check=True).stdout
+    "--seq", seq, "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
+    "--wire", "f32", "--tflops", tflops, "--inter-gbps", gbps, "--inter-latency-us", lat,
+    "--device-mem", "1000", "--json"] + extra, capture_output=True, text=True, check=True).stdout
 p = {json.loads(l)["strategy"]: json.loads(l) for l in out.splitlines()}[st]
-# The unshaped run's communication (loopback) is the fixed cost beyond the link's share.
-fixed_ms = c_step - c_compute - c_optim
-print(p["step_s"] * 1e3 + fixed_ms)
+print(p["step_s"] * 1e3)
 PY
 )
     ratio=$(python3 -c "print(f'{$pred/$step:.3f}')")
-    echo "$row,$pred,$ratio,$gbps" >> "$OUT"
+    echo "$row,$pred,$ratio,$gbps,$lat,$tflops" >> "$OUT"
     echo "rate ${rate} ${st}: step ${step} ms, predicted ${pred} ms (x${ratio})"
   done
 done

@@ -117,3 +117,102 @@ fn a_bad_lab_csv_is_a_clear_error() {
     );
     let _ = std::fs::remove_file(&p);
 }
+
+/// The planner's compute calibration: `wiretrain bench --op compute` runs the trainer's step
+/// of a built-in example in every process of a `--local` job at once and reports the rate by
+/// the planner's 6·Ψ·tokens model, for the model `train` trains.
+#[test]
+fn bench_measures_the_compute_rate_the_planner_takes() {
+    let out = common::run(
+        &[
+            "bench",
+            "--op",
+            "compute",
+            "--example",
+            "mlp",
+            "--batch",
+            "32",
+            "--iters",
+            "5",
+            "--local",
+            "2",
+            "--json",
+        ],
+        &[],
+        Duration::from_secs(120),
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rows = common::rows(&out);
+    assert_eq!(rows.len(), 1, "{}", common::text(&out));
+    let r = &rows[0];
+    assert_eq!(r["op"], "compute");
+    assert_eq!(
+        (r["nodes"].as_u64(), r["ranks"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let m = common::train_metrics(
+        "compute-params",
+        &[
+            "train",
+            "--example",
+            "mlp",
+            "--steps",
+            "1",
+            "--global-batch",
+            "32",
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    let params = m.last().unwrap()["params_total"].as_f64().unwrap();
+    assert_eq!(r["params"].as_f64(), Some(params), "{r}");
+    let f = |k: &str| r[k].as_f64().unwrap_or_else(|| panic!("{k}: {r}"));
+    assert!(
+        f("compute_ms") > 0.0 && f("time_us") >= f("compute_ms") * 1e3,
+        "{r}"
+    );
+    // The rate is the planner's model applied to the measured time, nothing else.
+    let flops = 6.0 * params * 32.0 * f("seq");
+    assert!((f("tflops") / (flops / (f("compute_ms") * 1e-3) / 1e12) - 1.0).abs() < 1e-6);
+    assert!(f("step_tflops") <= f("tflops"), "{r}");
+    // The figure feeds the planner as is.
+    let out = plan(&[
+        "--params",
+        &params.to_string(),
+        "--nodes",
+        "2",
+        "--gpus-per-node",
+        "1",
+        "--seq",
+        "1",
+        "--micro-batch",
+        "32",
+        "--global-batch",
+        "64",
+        "--tflops",
+        &f("step_tflops").to_string(),
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", common::text(&out));
+    let ddp = common::rows(&out)
+        .into_iter()
+        .find(|p| p["strategy"] == "ddp")
+        .unwrap();
+    let compute_s = ddp["compute_s"].as_f64().unwrap();
+    assert!(
+        (compute_s / (f("time_us") * 1e-6) - 1.0).abs() < 1e-3,
+        "{ddp} vs {r}"
+    );
+}
+
+#[test]
+fn bench_compute_refuses_bad_input() {
+    let e = common::refused(&["bench", "--op", "compute,all-reduce"]);
+    assert!(e.contains("--op compute runs alone"), "{e}");
+    let e = common::refused(&["bench", "--op", "compute", "--example", "resnet"]);
+    assert!(e.contains("--example") && e.contains("resnet"), "{e}");
+    let e = common::refused(&["bench", "--op", "compute", "--batch", "0"]);
+    assert!(e.contains("--batch"), "{e}");
+    let e = common::refused(&["bench", "--op", "compute", "--d-model", "6"]);
+    assert!(e.contains("--d-model"), "{e}");
+}

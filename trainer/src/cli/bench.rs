@@ -4,6 +4,7 @@
 //! starts 2 node processes on 127.0.0.x with 2 ranks each and prints one table (or JSON lines
 //! with `--json`) from global rank 0.
 
+use super::bench_compute::{self, ComputeArgs};
 use super::node::NodeArgs;
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -15,7 +16,8 @@ use wiretrain_comm::{Node, ReduceOp};
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
     /// Collectives to measure: all-reduce, reduce-scatter, all-gather, broadcast, p2p
-    /// (comma-separated, or "all"); "memcpy" adds a one-rank memcpy baseline row.
+    /// (comma-separated, or "all"); "memcpy" adds a one-rank memcpy baseline row; "compute"
+    /// (alone) measures the training compute rate of a built-in example instead.
     #[arg(long, default_value = "all-reduce")]
     pub op: String,
     /// Sizes in bytes, comma-separated, with optional K/M/G suffix (powers of 1024).
@@ -48,6 +50,8 @@ pub struct BenchArgs {
     /// Print one JSON object per row instead of the table.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub compute: ComputeArgs,
     #[command(flatten)]
     pub node: NodeArgs,
 }
@@ -115,7 +119,20 @@ impl BenchArgs {
 
 /// Runs the benchmark on this node (every node of the job runs this).
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let spec = args.spec()?;
+    let compute = args.op.split(',').any(|o| o.trim() == "compute");
+    if compute {
+        if args.op.trim() != "compute" {
+            bail!("--op compute runs alone (measure the collectives in a separate run)");
+        }
+        if args.iters == 0 {
+            bail!("--iters must be at least 1");
+        }
+        if args.backend != "quic" {
+            bail!("--op compute needs no --backend (it runs no collective)");
+        }
+        bench_compute::check(&args.compute)?;
+    }
+    let spec = if compute { None } else { Some(args.spec()?) };
     match args.backend.as_str() {
         "quic" => {}
         "nccl" if cfg!(feature = "nccl") => {}
@@ -137,6 +154,9 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let mut node = Node::join(cfg).context("joining the job")?;
     let table = node.table().clone();
     let groups = node.take_groups();
+    let Some(spec) = spec else {
+        return run_compute(args, node, groups, table.num_nodes());
+    };
     let rpn: Vec<usize> = (0..table.num_nodes()).map(|n| table.ranks_on(n)).collect();
     let rpn = if rpn.iter().all(|&k| k == rpn[0]) {
         rpn[0].to_string()
@@ -199,6 +219,34 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     node.shutdown().context("shutting down")?;
     if wrong > 0 {
         bail!("{wrong} wrong elements");
+    }
+    Ok(())
+}
+
+/// `--op compute` on this node: every local rank measures at once; rank 0 prints the row.
+fn run_compute(
+    args: &BenchArgs,
+    node: Node,
+    groups: Vec<wiretrain_comm::ProcessGroup>,
+    nodes: usize,
+) -> Result<()> {
+    let handles: Vec<_> = groups
+        .into_iter()
+        .map(|mut pg| {
+            let a = args.compute.clone();
+            let (iters, warmup) = (args.iters, args.warmup);
+            std::thread::spawn(move || bench_compute::run_rank(&mut pg, &a, iters, warmup, nodes))
+        })
+        .collect();
+    let rows = super::join_ranks(handles)?;
+    node.shutdown().context("shutting down")?;
+    for row in rows.into_iter().flatten() {
+        let line = if args.json {
+            serde_json::to_string(&row).context("serializing the row")?
+        } else {
+            bench_compute::table(&row)
+        };
+        println!("{line}");
     }
     Ok(())
 }

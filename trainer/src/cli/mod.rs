@@ -1,6 +1,7 @@
 //! The `wiretrain` command line: subcommands and the flags they share.
 
 pub mod bench;
+pub mod bench_compute;
 pub mod devices;
 pub mod export;
 pub mod launch;
