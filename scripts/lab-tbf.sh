@@ -6,13 +6,14 @@
 #
 #   RATE=1gbit scripts/lab-tbf.sh --op p2p,all-reduce,all-gather,reduce-scatter --bytes 16M,64M
 #
-# Env: RATE (tbf rate, default 1gbit), BIN (wiretrain binary, default the release build),
+# Env: RATE (tbf rate, default 1gbit), MTU (the veth MTU, default 1500; 9000 = jumbo), BIN (wiretrain binary, default the release build),
 #      LIMIT (seconds per node process, default 300), SUB (bench or train, default bench).
 #      CUT_AFTER (seconds: then `ip link set down` node 0's veth, the link-cut fault test, and
 #      report how long after the cut each node exited and with what code).
 #      Arguments go to `wiretrain $SUB`.
 set -euo pipefail
 RATE=${RATE:-1gbit}
+MTU=${MTU:-1500}
 SUB=${SUB:-bench}
 LIMIT=${LIMIT:-300}
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
@@ -40,11 +41,11 @@ ip link set "$vb" netns "$ns1"
 ip -n "$ns0" addr add "$a_ip/24" dev "$va"
 ip -n "$ns1" addr add "$b_ip/24" dev "$vb"
 for ns in "$ns0" "$ns1"; do ip -n "$ns" link set lo up; done
-ip -n "$ns0" link set "$va" up
-ip -n "$ns1" link set "$vb" up
+ip -n "$ns0" link set "$va" mtu "$MTU" up
+ip -n "$ns1" link set "$vb" mtu "$MTU" up
 tc -n "$ns0" qdisc add dev "$va" root tbf rate "$RATE" burst 128kb latency 50ms
 tc -n "$ns1" qdisc add dev "$vb" root tbf rate "$RATE" burst 128kb latency 50ms
-echo "# lab-tbf: veth $a_ip <-> $b_ip, tbf rate $RATE each way"
+echo "# lab-tbf: veth $a_ip <-> $b_ip, MTU $MTU, tbf rate $RATE each way"
 
 export WIRETRAIN_TOKEN=${WIRETRAIN_TOKEN:-lab-$(date +%s%N)}
 ip netns exec "$ns0" timeout "$LIMIT" "$BIN" "$SUB" "$@" --nnodes 2 --node-rank 0 \

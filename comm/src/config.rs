@@ -58,7 +58,9 @@ impl Default for QuicTuning {
             send_window: 128 << 20,
             idle_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(1),
-            mtu_upper_bound: 1452,
+            // Jumbo frames (9000-byte IPv6 MTU) where the path has them; path-MTU discovery
+            // probes up to this and stays at what gets through (1452+ on 1500-byte Ethernet).
+            mtu_upper_bound: 8952,
             udp_buffer_bytes: 8 << 20,
             frame_bytes: 1 << 20,
             net_threads: 2,

@@ -1104,6 +1104,12 @@ impl Node {
         &self.fingerprint
     }
 
+    /// The counters of this node's connection to every other node (path MTU, RTT, losses,
+    /// datagrams per system call), in node order.
+    pub fn link_stats(&self) -> Vec<crate::rendezvous::LinkStats> {
+        self.peers.iter().map(rendezvous::Peer::stats).collect()
+    }
+
     /// The process groups of this node's ranks, in local-rank order (once).
     pub fn take_groups(&mut self) -> Vec<ProcessGroup> {
         std::mem::take(&mut self.groups)

@@ -58,6 +58,48 @@ pub struct Peer {
     pub ctrl_recv: RecvStream,
 }
 
+/// What a node's QUIC connection to a peer has done so far (quinn's path and UDP counters).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LinkStats {
+    /// The peer node.
+    pub node: usize,
+    /// Smoothed round-trip time, µs.
+    pub rtt_us: u64,
+    /// Congestion window, bytes.
+    pub cwnd: u64,
+    /// UDP payload bytes per datagram that path-MTU discovery has settled on.
+    pub mtu: u16,
+    pub sent_packets: u64,
+    pub lost_packets: u64,
+    pub congestion_events: u64,
+    /// Datagrams sent and the system calls that sent them (more datagrams than calls: segment
+    /// offload batched them).
+    pub udp_tx_datagrams: u64,
+    pub udp_tx_ios: u64,
+    pub udp_rx_datagrams: u64,
+    pub udp_rx_ios: u64,
+}
+
+impl Peer {
+    /// This connection's counters now.
+    pub fn stats(&self) -> LinkStats {
+        let st = self.conn.stats();
+        LinkStats {
+            node: self.node,
+            rtt_us: st.path.rtt.as_micros() as u64,
+            cwnd: st.path.cwnd,
+            mtu: st.path.current_mtu,
+            sent_packets: st.path.sent_packets,
+            lost_packets: st.path.lost_packets,
+            congestion_events: st.path.congestion_events,
+            udp_tx_datagrams: st.udp_tx.datagrams,
+            udp_tx_ios: st.udp_tx.ios,
+            udp_rx_datagrams: st.udp_rx.datagrams,
+            udp_rx_ios: st.udp_rx.ios,
+        }
+    }
+}
+
 /// What rendezvous produces for a node.
 pub struct Joined {
     pub node: usize,
@@ -590,21 +632,22 @@ pub async fn goodbye(me: usize, peers: &mut [Peer], within: Duration) -> Result<
     let deadline = Instant::now() + within;
     let mut errors = Vec::new();
     for p in peers.iter() {
-        let st = p.conn.stats();
+        let st = p.stats();
+        let path = p.conn.stats().path;
         tracing::info!(
-            peer = p.node,
-            rtt_us = st.path.rtt.as_micros() as u64,
-            cwnd = st.path.cwnd,
-            mtu = st.path.current_mtu,
-            sent_packets = st.path.sent_packets,
-            lost_packets = st.path.lost_packets,
-            congestion_events = st.path.congestion_events,
-            mtu_probes = st.path.sent_plpmtud_probes,
-            mtu_probes_lost = st.path.lost_plpmtud_probes,
-            udp_tx_datagrams = st.udp_tx.datagrams,
-            udp_tx_ios = st.udp_tx.ios,
-            udp_rx_datagrams = st.udp_rx.datagrams,
-            udp_rx_ios = st.udp_rx.ios,
+            peer = st.node,
+            rtt_us = st.rtt_us,
+            cwnd = st.cwnd,
+            mtu = st.mtu,
+            sent_packets = st.sent_packets,
+            lost_packets = st.lost_packets,
+            congestion_events = st.congestion_events,
+            mtu_probes = path.sent_plpmtud_probes,
+            mtu_probes_lost = path.lost_plpmtud_probes,
+            udp_tx_datagrams = st.udp_tx_datagrams,
+            udp_tx_ios = st.udp_tx_ios,
+            udp_rx_datagrams = st.udp_rx_datagrams,
+            udp_rx_ios = st.udp_rx_ios,
             "connection statistics"
         );
     }

@@ -4,3 +4,4 @@
 pub mod local;
 pub mod plain_udp;
 pub mod quic;
+pub mod segment_cap;

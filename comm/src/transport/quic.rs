@@ -77,6 +77,9 @@ pub fn endpoint(
             Arc::new(super::plain_udp::PlainUdp::new(spare).map_err(bind_err)?)
         }
     };
+    let payload = usize::from(tuning.mtu_upper_bound.max(1472));
+    let sock: Arc<dyn quinn::AsyncUdpSocket> =
+        Arc::new(super::segment_cap::SegmentCap::new(sock, payload));
     Endpoint::new_with_abstract_socket(ep_cfg, Some(server), sock, runtime).map_err(bind_err)
 }
 
@@ -97,16 +100,35 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(t.mtu_upper_bound);
     c.mtu_discovery_config(Some(mtu));
+    // quinn sizes the initial window for 1200-byte datagrams (14 720 bytes). With jumbo
+    // datagrams, two path-MTU probes in flight fill it, and quinn holds back a connection
+    // close behind the window while stream data is pending: a protocol-violation close sent
+    // in the connection's first round trips would never leave, and the peer would learn of
+    // it only from the idle timeout. Room for four datagrams of the MTU bound avoids that.
+    let iw = initial_window(t.mtu_upper_bound);
     match t.congestion {
-        Congestion::Cubic => {}
+        Congestion::Cubic => {
+            let mut cc = quinn::congestion::CubicConfig::default();
+            cc.initial_window(iw);
+            c.congestion_controller_factory(Arc::new(cc));
+        }
         Congestion::Bbr => {
-            c.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+            let mut cc = quinn::congestion::BbrConfig::default();
+            cc.initial_window(iw);
+            c.congestion_controller_factory(Arc::new(cc));
         }
         Congestion::NewReno => {
-            c.congestion_controller_factory(Arc::new(quinn::congestion::NewRenoConfig::default()));
+            let mut cc = quinn::congestion::NewRenoConfig::default();
+            cc.initial_window(iw);
+            c.congestion_controller_factory(Arc::new(cc));
         }
     }
     c
+}
+
+/// The initial congestion window: quinn's 14 720 bytes, or four datagrams of the MTU bound.
+pub fn initial_window(mtu_upper_bound: u16) -> u64 {
+    14_720u64.max(4 * u64::from(mtu_upper_bound))
 }
 
 /// Describes why a connection ended, in words a user can act on.

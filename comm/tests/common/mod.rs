@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 use std::thread;
 use std::time::Duration;
-use wiretrain_comm::{Error, Node, NodeConfig, ProcessGroup};
+use wiretrain_comm::{Error, LinkStats, Node, NodeConfig, ProcessGroup};
 
 /// Starts `shape.len()` nodes (node i hosts shape[i] ranks) and runs `f` on every rank.
 pub fn cluster<T: Send + 'static>(
@@ -13,49 +13,71 @@ pub fn cluster<T: Send + 'static>(
     token: &str,
     f: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
 ) -> Vec<Result<Vec<T>, Error>> {
+    cluster_tuned(shape, token, |_| {}, f)
+        .into_iter()
+        .map(|n| n.map(|(out, _)| out))
+        .collect()
+}
+
+/// One node's outcome: every rank's result and the node's link counters.
+pub type NodeOutcome<T> = Result<(Vec<T>, Vec<LinkStats>), Error>;
+
+/// As [`cluster`], with `tune` applied to every node's configuration; also returns each node's
+/// link counters taken after its ranks finished.
+pub fn cluster_tuned<T: Send + 'static>(
+    shape: &[usize],
+    token: &str,
+    tune: impl Fn(&mut NodeConfig) + Send + Sync + Clone + 'static,
+    f: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
+) -> Vec<NodeOutcome<T>> {
     let dir = tempdir();
     let addr_file = dir.join("addr");
     let nn = shape.len();
     let mut handles = Vec::new();
     for (i, &k) in shape.iter().enumerate() {
         let f = f.clone();
+        let tune = tune.clone();
         let addr_file = addr_file.clone();
         let token = token.to_string();
-        handles.push(thread::spawn(move || -> Result<Vec<T>, Error> {
-            let master: SocketAddr = if i == 0 {
-                "127.0.0.1:0".parse().unwrap()
-            } else {
-                let mut waited = 0;
-                loop {
-                    if let Ok(s) = std::fs::read_to_string(&addr_file) {
-                        break s.trim().parse().unwrap();
+        handles.push(thread::spawn(
+            move || -> Result<(Vec<T>, Vec<LinkStats>), Error> {
+                let master: SocketAddr = if i == 0 {
+                    "127.0.0.1:0".parse().unwrap()
+                } else {
+                    let mut waited = 0;
+                    loop {
+                        if let Ok(s) = std::fs::read_to_string(&addr_file) {
+                            break s.trim().parse().unwrap();
+                        }
+                        thread::sleep(Duration::from_millis(20));
+                        waited += 1;
+                        assert!(waited < 500, "node 0 never wrote its address");
                     }
-                    thread::sleep(Duration::from_millis(20));
-                    waited += 1;
-                    assert!(waited < 500, "node 0 never wrote its address");
+                };
+                let mut cfg = NodeConfig::new(nn, Some(i), master, k, token.into())?;
+                cfg.rendezvous_timeout(Duration::from_secs(20))
+                    .collective_timeout(Duration::from_secs(60));
+                tune(&mut cfg);
+                if i == 0 {
+                    cfg.addr_file(addr_file.clone());
+                } else {
+                    cfg.bind(format!("127.0.0.{}:0", i + 1).parse().unwrap());
                 }
-            };
-            let mut cfg = NodeConfig::new(nn, Some(i), master, k, token.into())?;
-            cfg.rendezvous_timeout(Duration::from_secs(20))
-                .collective_timeout(Duration::from_secs(60));
-            if i == 0 {
-                cfg.addr_file(addr_file.clone());
-            } else {
-                cfg.bind(format!("127.0.0.{}:0", i + 1).parse().unwrap());
-            }
-            let mut node = Node::join(cfg)?;
-            let groups = node.take_groups();
-            let hs: Vec<_> = groups
-                .into_iter()
-                .map(|pg| {
-                    let f = f.clone();
-                    thread::spawn(move || f(pg))
-                })
-                .collect();
-            let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
-            node.shutdown()?;
-            Ok(out)
-        }));
+                let mut node = Node::join(cfg)?;
+                let groups = node.take_groups();
+                let hs: Vec<_> = groups
+                    .into_iter()
+                    .map(|pg| {
+                        let f = f.clone();
+                        thread::spawn(move || f(pg))
+                    })
+                    .collect();
+                let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
+                let stats = node.link_stats();
+                node.shutdown()?;
+                Ok((out, stats))
+            },
+        ));
     }
     handles.into_iter().map(|h| h.join().unwrap()).collect()
 }

@@ -39,7 +39,8 @@ pub struct NodeArgs {
     /// Seconds of silence after which a peer node is declared dead.
     #[arg(long, default_value_t = 10.0)]
     pub idle_timeout: f64,
-    /// Upper bound of QUIC path-MTU discovery (UDP payload bytes).
+    /// Upper bound of QUIC path-MTU discovery (UDP payload bytes; default 8952, jumbo frames:
+    /// discovery settles on what the path carries, 1452+ on 1500-byte Ethernet).
     #[arg(long)]
     pub mtu: Option<u16>,
     /// Payload bytes per data frame.
