@@ -61,7 +61,7 @@ job() {
     --master "$net.$((n0 + 1)):0" --addr-file "$tmp/addr" >"$tmp/out0" 2>"$tmp/err0" &
   local pids=($!)
   for _ in $(seq 1 3000); do [ -s "$tmp/addr" ] && break; sleep 0.01; done
-  [ -s "$tmp/addr" ] || { echo "lab: node 0 never listened"; cat "$tmp/err0"; return 1; }
+  [ -s "$tmp/addr" ] || { echo "lab: node 0 never listened" >&2; cat "$tmp/err0" >&2; return 1; }
   for r in $(seq 1 $((procs - 1))); do
     local n=${place:$r:1}
     ip netns exec "$(ns "$n")" timeout "$LIMIT" "$BIN" "$@" "${common[@]}" --node-rank "$r" \
@@ -70,12 +70,12 @@ job() {
   done
   local rc=0
   for p in "${pids[@]}"; do wait "$p" || rc=$?; done
-  [ "$rc" = 0 ] || { echo "lab: job failed"; cat "$tmp"/err*; return 1; }
+  [ "$rc" = 0 ] || { echo "lab: job failed" >&2; cat "$tmp"/err* >&2; return 1; }
 }
 
 link() { # measured by wiretrain: p2p between namespaces 0 and 1 -> "Gbit/s latency_us"
   # (the rate from 4 MiB messages, the per-message latency from 4 KiB ones)
-  job 2 1 01 bench --op p2p --bytes 4K,4M --iters 9 --warmup 1 --json
+  job 2 1 01 bench --op p2p --bytes 4K,4M --iters 9 --warmup 1 --json || return 1
   python3 - "$tmp/out0" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]

@@ -61,12 +61,14 @@ PY
 }
 
 # Both orders run 4 ranks on the machine's cores: the compute rate is measured that way.
-read -r tflops seq <<<"$(compute_tflops 2 2 $((BATCH / 4)))"
+cal=$(compute_tflops 2 2 $((BATCH / 4)))
+read -r tflops seq <<<"$cal"
 echo "calibration: wiretrain bench --op compute: $tflops TFLOP/s per rank (4 ranks at once)"
 echo "rate_mbit,link_gbps_measured,order,step_ms,compute_ms,comm_ms,sent_bytes,predicted_step_ms,predicted_over_measured" > "$OUT"
 for rate in $RATES; do
   shape "$rate"
-  read -r gbps lat <<<"$(link)"
+  measured=$(link)
+  read -r gbps lat <<<"$measured"
   declare -A meas pred
   for order in node-major scrambled; do
     train "$order" "$tmp/m.jsonl"

@@ -55,13 +55,19 @@ run() { # $1 strategy, $2 metrics file
 # compute rate (the example's step in NODES processes at once), `wiretrain bench --op p2p`
 # between two namespaces gives the link rate and per-message latency at each rate (unshaped
 # too). Every row, unshaped included, is then a prediction from these figures alone.
-read -r tflops seq <<<"$(compute_tflops "$NODES" 1 $((BATCH / NODES)))"
+cal=$(compute_tflops "$NODES" 1 $((BATCH / NODES)))
+read -r tflops seq <<<"$cal"
 echo "calibration: wiretrain bench --op compute: $tflops TFLOP/s per process ($NODES at once)"
 echo "rate_mbit,strategy,nodes,params,step_ms,compute_ms,comm_ms,optim_ms,sent_bytes,samples_per_s,predicted_step_ms,predicted_over_measured,link_gbps_measured,latency_us_measured,tflops_measured" > "$OUT"
 for rate in $RATES; do
   shape "$rate"
-  read -r gbps lat <<<"$(link)"
-  echo "rate ${rate} Mbit/s: wiretrain bench --op p2p measures $gbps Gbit/s, $lat us per message"
+  if [ "$NODES" -ge 2 ]; then
+    measured=$(link)
+    read -r gbps lat <<<"$measured"
+    echo "rate ${rate} Mbit/s: wiretrain bench --op p2p measures $gbps Gbit/s, $lat us per message"
+  else
+    gbps=1000; lat=0 # one node: no link; the planner sees no inter-node traffic
+  fi
   for st in $STRATEGIES; do
     run "$st" "$tmp/m.jsonl"
     row=$(python3 - "$tmp/m.jsonl" "$rate" "$st" "$NODES" "$BATCH" <<'PY'

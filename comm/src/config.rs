@@ -105,6 +105,12 @@ impl QuicTuning {
                 reason: format!("{v} is below QUIC's minimum of 1200"),
             });
         }
+        if v > 65_507 {
+            return Err(ConfigError::Invalid {
+                field: "mtu_upper_bound",
+                reason: format!("{v} is above the largest UDP payload (65 507 bytes)"),
+            });
+        }
         self.mtu_upper_bound = v;
         Ok(self)
     }
@@ -504,6 +510,8 @@ mod tests {
         let mut c = NodeConfig::new(2, Some(0), m, 2, "t".into()).unwrap();
         assert_eq!(c.bind, m);
         assert!(c.quic().mtu_upper_bound(100).is_err());
+        assert!(c.quic().mtu_upper_bound(65_508).is_err());
+        assert!(c.quic().mtu_upper_bound(65_507).is_ok());
         assert!(c.quic().frame_bytes(3).is_err());
         assert!(c.quic().idle_timeout(Duration::from_millis(1)).is_err());
     }

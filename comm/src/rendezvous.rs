@@ -632,22 +632,11 @@ pub async fn goodbye(me: usize, peers: &mut [Peer], within: Duration) -> Result<
     let deadline = Instant::now() + within;
     let mut errors = Vec::new();
     for p in peers.iter() {
-        let st = p.stats();
         let path = p.conn.stats().path;
         tracing::info!(
-            peer = st.node,
-            rtt_us = st.rtt_us,
-            cwnd = st.cwnd,
-            mtu = st.mtu,
-            sent_packets = st.sent_packets,
-            lost_packets = st.lost_packets,
-            congestion_events = st.congestion_events,
+            stats = ?p.stats(),
             mtu_probes = path.sent_plpmtud_probes,
             mtu_probes_lost = path.lost_plpmtud_probes,
-            udp_tx_datagrams = st.udp_tx_datagrams,
-            udp_tx_ios = st.udp_tx_ios,
-            udp_rx_datagrams = st.udp_rx_datagrams,
-            udp_rx_ios = st.udp_rx_ios,
             "connection statistics"
         );
     }

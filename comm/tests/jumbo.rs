@@ -61,10 +61,13 @@ fn all_reduce_with_mtu(mtu: Option<u16>) {
             "path MTU stayed at {} on loopback: {s:?}",
             s.mtu
         );
-        assert!(
-            s.udp_tx_datagrams > s.udp_tx_ios,
-            "segment offload did not batch: {s:?}"
-        );
+        // The plain-socket fallback sends one datagram per call by design.
+        if std::env::var("WIRETRAIN_PLAIN_UDP").as_deref() != Ok("1") {
+            assert!(
+                s.udp_tx_datagrams > s.udp_tx_ios,
+                "segment offload did not batch: {s:?}"
+            );
+        }
     }
 }
 

@@ -100,11 +100,12 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut mtu = quinn::MtuDiscoveryConfig::default();
     mtu.upper_bound(t.mtu_upper_bound);
     c.mtu_discovery_config(Some(mtu));
-    // quinn sizes the initial window for 1200-byte datagrams (14 720 bytes). With jumbo
-    // datagrams, two path-MTU probes in flight fill it, and quinn holds back a connection
-    // close behind the window while stream data is pending: a protocol-violation close sent
-    // in the connection's first round trips would never leave, and the peer would learn of
-    // it only from the idle timeout. Room for four datagrams of the MTU bound avoids that.
+    // quinn sizes cubic's and NewReno's initial window for 1200-byte datagrams (12 000
+    // bytes). With jumbo datagrams, MTU probes in flight fill it, and quinn holds back a
+    // connection close behind the window while stream data is pending: a protocol-violation
+    // close sent in the connection's first round trips would never leave, and the peer would
+    // learn of it only from the idle timeout. Room for four datagrams of the bound avoids
+    // that. BBR starts far larger (240 000) and keeps its default.
     let iw = initial_window(t.mtu_upper_bound);
     match t.congestion {
         Congestion::Cubic => {
@@ -113,9 +114,7 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
             c.congestion_controller_factory(Arc::new(cc));
         }
         Congestion::Bbr => {
-            let mut cc = quinn::congestion::BbrConfig::default();
-            cc.initial_window(iw);
-            c.congestion_controller_factory(Arc::new(cc));
+            c.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
         }
         Congestion::NewReno => {
             let mut cc = quinn::congestion::NewRenoConfig::default();
@@ -126,9 +125,10 @@ pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     c
 }
 
-/// The initial congestion window: quinn's 14 720 bytes, or four datagrams of the MTU bound.
+/// The initial congestion window of cubic and NewReno: quinn's 12 000 bytes, or four
+/// datagrams of the MTU bound when that is more.
 pub fn initial_window(mtu_upper_bound: u16) -> u64 {
-    14_720u64.max(4 * u64::from(mtu_upper_bound))
+    12_000u64.max(4 * u64::from(mtu_upper_bound))
 }
 
 /// Describes why a connection ended, in words a user can act on.
@@ -575,4 +575,17 @@ enum Fail {
     Read(quinn::ReadExactError),
     Wire(WireError),
     Write(quinn::WriteError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn initial_window_holds_four_datagrams_of_the_bound() {
+        assert_eq!(initial_window(1452), 12_000);
+        assert_eq!(initial_window(8952), 35_808);
+        // Two probes of the bound plus one full datagram fit, so a close is never held back.
+        assert!(initial_window(8952) > 3 * 8952);
+    }
 }
