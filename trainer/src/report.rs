@@ -200,7 +200,8 @@ pub struct Report {
     pub clock_accuracy_us: f64,
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+/// The middle element (upper median) of `v`; 0 when empty.
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
@@ -397,6 +398,12 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn medians_take_the_middle() {
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(vec![]), 0.0);
+    }
 
     fn x(name: &str, cat: &str, ts: f64, dur: f64, tid: usize, args: serde_json::Value) -> Event {
         Event {

@@ -13,8 +13,9 @@ use serde::Serialize;
 use std::sync::Arc;
 use wiretrain::device::{DeviceSpec, select};
 use wiretrain::models::Example;
-use wiretrain::models::char_lm::{CharLmConfig, Corpus};
+use wiretrain::models::char_lm::Corpus;
 use wiretrain::models::mlp::{Dataset, Mlp};
+use wiretrain::report::median;
 use wiretrain::strategy::Strategy;
 use wiretrain::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
 use wiretrain_comm::tls::Token;
@@ -40,9 +41,8 @@ pub struct ComputeArgs {
     pub device: String,
 }
 
-/// Same data as `wiretrain train` (mlp: synthetic samples; char-lm: 64-character windows).
-const DATASET: usize = 4096;
-const CHAR_SEQ: usize = 64;
+// Same data as `wiretrain train` (mlp: synthetic samples; char-lm: 64-character windows).
+use super::train::{CHAR_SEQ, DATASET, char_lm};
 
 /// One `--op compute` result (one JSON line with `--json`).
 #[derive(Debug, Clone, Serialize)]
@@ -131,12 +131,7 @@ pub fn run_rank(
         }
         Example::CharLm => {
             let corpus = Arc::new(Corpus::shipped(CHAR_SEQ));
-            let model = CharLmConfig::new(corpus.vocab_size())
-                .with_seq(corpus.seq())
-                .with_d_model(args.d_model)
-                .with_d_ff(4 * args.d_model)
-                .with_n_layers(args.layers)
-                .init(&device, seed);
+            let model = char_lm(&corpus, args.d_model, args.layers, &device, seed);
             let t = Trainer::new(model, &device, tc, pg)?;
             let n = t.layout().total();
             let r = timed(job, t, iters, warmup, |t, i| {
@@ -208,14 +203,6 @@ fn window(i: usize, b: usize, len: usize) -> Vec<usize> {
     (0..b).map(|k| (i * b + k) % len.max(1)).collect()
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
-    if v.is_empty() {
-        return 0.0;
-    }
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
-
 /// The table form of a row.
 pub fn table(row: &ComputeRow) -> String {
     format!(
@@ -246,10 +233,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn windows_wrap_and_medians_take_the_middle() {
+    fn windows_wrap_around_the_dataset() {
         assert_eq!(window(0, 3, 10), vec![0, 1, 2]);
         assert_eq!(window(3, 3, 10), vec![9, 0, 1]);
-        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
-        assert_eq!(median(vec![]), 0.0);
     }
 }

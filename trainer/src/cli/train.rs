@@ -405,9 +405,9 @@ impl TrainArgs {
 }
 
 /// Size of the synthetic mlp dataset.
-const DATASET: usize = 4096;
+pub(super) const DATASET: usize = 4096;
 /// Context length of the char-lm example.
-const CHAR_SEQ: usize = 64;
+pub(super) const CHAR_SEQ: usize = 64;
 
 /// The data of the chosen example, shared by this node's ranks.
 #[derive(Clone)]
@@ -561,17 +561,28 @@ fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usi
             |idx| Mlp::unit_io(&data, idx, &device),
         ),
         Data::CharLm(corpus) => train_model(
-            CharLmConfig::new(corpus.vocab_size())
-                .with_seq(corpus.seq())
-                .with_d_model(sh.run.d_model)
-                .with_d_ff(4 * sh.run.d_model)
-                .with_n_layers(sh.run.layers)
-                .init(&device, sh.run.seed),
+            char_lm(&corpus, sh.run.d_model, sh.run.layers, &device, sh.run.seed),
             (&device, tc, pg, sampler, &sh),
             |m, idx| m.loss(&corpus, idx, &device),
             |idx| CharLm::unit_io(&corpus, idx, &device),
         ),
     }
+}
+
+/// The char-lm example at width `d_model` (feed-forward 4x wider) with `layers` blocks.
+pub(super) fn char_lm(
+    corpus: &Corpus,
+    d_model: usize,
+    layers: usize,
+    device: &burn::tensor::Device,
+    seed: u64,
+) -> CharLm {
+    CharLmConfig::new(corpus.vocab_size())
+        .with_seq(corpus.seq())
+        .with_d_model(d_model)
+        .with_d_ff(4 * d_model)
+        .with_n_layers(layers)
+        .init(device, seed)
 }
 
 /// What a rank trains with, besides the model.
