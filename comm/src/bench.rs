@@ -251,6 +251,14 @@ fn run_one(
         let mine = pg.shard_range(world);
         let all = pg.all_gather(vec![dt as f32; mine.len()], world).wait()?;
         let slowest = all.iter().cloned().fold(0.0f32, f32::max) as f64;
+        tracing::debug!(
+            ?op,
+            bytes,
+            iteration = it,
+            timed,
+            secs = slowest,
+            "bench iteration"
+        );
         if timed {
             times.push(slowest);
         }

@@ -76,6 +76,9 @@ pub struct LinkStats {
     /// offload batched them).
     pub udp_tx_datagrams: u64,
     pub udp_tx_ios: u64,
+    /// Datagrams received. quinn counts a receive "io" per datagram it processes, not per
+    /// system call, so the two receive counters match even when the kernel coalesced datagrams
+    /// (GRO); the kernel's own count is `InDatagrams` in `/proc/net/snmp`.
     pub udp_rx_datagrams: u64,
     pub udp_rx_ios: u64,
 }
