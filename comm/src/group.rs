@@ -510,6 +510,49 @@ enum LaneTask<'a> {
     },
 }
 
+/// A `LaneTask` that owns its piece and step lists, so it can run as a task on the runtime.
+enum OwnedLaneTask {
+    /// `job`'s own `pieces` and `steps` are empty; the task points them at these.
+    Ring {
+        job: RingJob<'static>,
+        pieces: Vec<std::ops::Range<usize>>,
+        steps: Vec<ring::RingStep>,
+    },
+    Chain {
+        buf: RawBuf,
+        pieces: Vec<std::ops::Range<usize>>,
+        from: Option<usize>,
+        to: Option<usize>,
+    },
+}
+
+impl From<LaneTask<'_>> for OwnedLaneTask {
+    fn from(t: LaneTask<'_>) -> Self {
+        match t {
+            LaneTask::Ring(j) => OwnedLaneTask::Ring {
+                pieces: j.pieces.to_vec(),
+                steps: j.steps.to_vec(),
+                job: RingJob {
+                    pieces: &[],
+                    steps: &[],
+                    ..j
+                },
+            },
+            LaneTask::Chain {
+                buf,
+                pieces,
+                from,
+                to,
+            } => OwnedLaneTask::Chain {
+                buf,
+                pieces: pieces.to_vec(),
+                from,
+                to,
+            },
+        }
+    }
+}
+
 /// Closes the node's endpoint with a reason when a rank fails, so every peer learns at once.
 type FailHook = Arc<dyn Fn(String) + Send + Sync>;
 
@@ -593,6 +636,11 @@ impl Executor {
     }
 
     /// Runs a future on the lane with the collective's deadline, mapping failures.
+    ///
+    /// The lane's work runs as a task on the node's network runtime, beside quinn's connection
+    /// drivers, rather than on this thread: a packet that completes a frame then wakes the lane
+    /// task on the runtime's own worker (no futex wake of another thread and no context switch
+    /// per stream read or write). This thread waits for the task and takes the lane back.
     fn on_lane(
         &mut self,
         id: OpId,
@@ -600,26 +648,58 @@ impl Executor {
         deadline: Instant,
         task: LaneTask<'_>,
     ) -> Result<(), Error> {
-        let lane = self.lane.as_mut().expect("lane owner");
+        let mut lane = self.lane.take().expect("lane owner");
         let progress = lane.progress.clone();
         let t_lane = Instant::now();
         let sent_before = lane.sent.load(std::sync::atomic::Ordering::Relaxed);
         let left = deadline.saturating_duration_since(Instant::now());
-        let res = self.rt.block_on(async {
-            match task {
-                LaneTask::Ring(job) => tokio::time::timeout(left, lane.ring(job)).await,
-                LaneTask::Chain {
+        let owned = OwnedLaneTask::from(task);
+        let (code, seq) = (id.kind.code(), id.seq);
+        // SAFETY (the buffer behind `RawBuf`): this thread blocks until the task has finished,
+        // so the caller's buffer outlives every access the task makes.
+        let handle = self.rt.spawn(async move {
+            let res = match owned {
+                OwnedLaneTask::Ring { job, pieces, steps } => {
+                    let job = RingJob {
+                        pieces: &pieces,
+                        steps: &steps,
+                        ..job
+                    };
+                    tokio::time::timeout(left, lane.ring(job)).await
+                }
+                OwnedLaneTask::Chain {
                     buf,
                     pieces,
                     from,
                     to,
                 } => {
-                    let code = id.kind.code();
-                    tokio::time::timeout(left, lane.chain(buf, pieces, from, to, code, id.seq))
-                        .await
+                    tokio::time::timeout(left, lane.chain(buf, &pieces, from, to, code, seq)).await
                 }
-            }
+            };
+            (lane, res)
         });
+        let res = match self.rt.block_on(handle) {
+            Ok((lane, res)) => {
+                self.lane = Some(lane);
+                res
+            }
+            Err(e) => {
+                // The lane (its streams) went down with the task: this group cannot talk to
+                // other nodes any more, and `fail` keeps every later call from trying.
+                let err = CollectiveError::Failed {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    waiting_for: "the lane task".into(),
+                    source: Box::new(TransportError::Lost {
+                        peer: "every other node".into(),
+                        reason: format!("the lane task ended abnormally: {e}"),
+                    }),
+                };
+                return Err(self.fail(id, err));
+            }
+        };
         let (step, chunk, from) = progress.waiting();
         let lane = self.lane.as_ref().expect("lane owner");
         // Time and bytes on the inter-node link, for the trace's per-link bandwidth.

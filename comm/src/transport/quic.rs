@@ -437,6 +437,9 @@ impl LaneLinks {
                     };
                     send.write_all(&hdr.encode()).await.map_err(Fail::Write)?;
                     send.write_all(payload).await.map_err(Fail::Write)?;
+                    // A write that fits quinn's send buffer completes without yielding; let
+                    // the connection driver on this worker packetize between frames.
+                    tokio::task::yield_now().await;
                     sent.fetch_add(
                         (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
                         std::sync::atomic::Ordering::Relaxed,
@@ -559,6 +562,7 @@ impl LaneLinks {
                     if let Err(e) = r {
                         return Err(self.write_err(n, e));
                     }
+                    tokio::task::yield_now().await;
                     self.sent.fetch_add(
                         (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
                         std::sync::atomic::Ordering::Relaxed,
