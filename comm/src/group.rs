@@ -9,7 +9,7 @@
 //! Algorithm of every collective (see `algo::layout` for the pieces):
 //! 1. inside the node, local rank l sums its lane's pieces across the node's buffers;
 //! 2. across nodes, lane l runs a ring over its pieces (local rank l of every node, all lanes
-//!    in parallel over their own QUIC streams);
+//!    in parallel over their own QUIC streams), as a task on the node's network runtime;
 //! 3. inside the node, every rank copies the other lanes' results.
 //!
 //! With one node this is a pure shared-buffer reduce-scatter/all-gather; with one rank per
