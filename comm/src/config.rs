@@ -119,7 +119,8 @@ impl QuicTuning {
         self.congestion = v;
         self
     }
-    /// Threads of the node's network runtime (QUIC packet processing and crypto).
+    /// Threads of the node's network runtime (QUIC packet processing and crypto); the runtime
+    /// gets at least one per local rank, whose inter-node lane runs there.
     pub fn net_threads(&mut self, v: usize) -> Result<&mut Self, ConfigError> {
         if !(1..=64).contains(&v) {
             return Err(ConfigError::Invalid {

@@ -1069,8 +1069,11 @@ impl Node {
     /// Joins the job (or hosts the coordinator on node 0), connects to every other node and
     /// starts one communication thread per local rank.
     pub fn join(cfg: NodeConfig) -> Result<Node, Error> {
+        // Each local rank's inter-node lane (its frame copies, decoding and reductions) runs as
+        // a task on this runtime: at least one worker per rank keeps the lanes as parallel as
+        // the ranks.
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.quic.net_threads)
+            .worker_threads(cfg.quic.net_threads.max(cfg.ranks()))
             .thread_name("wiretrain-net")
             .enable_all()
             .build()

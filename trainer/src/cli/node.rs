@@ -46,7 +46,8 @@ pub struct NodeArgs {
     /// Payload bytes per data frame.
     #[arg(long)]
     pub frame_bytes: Option<usize>,
-    /// Threads for QUIC packet processing and crypto in this node process.
+    /// Threads for QUIC packet processing and crypto in this node process (at least one per
+    /// local rank: each rank's inter-node transfers run there too).
     #[arg(long, default_value_t = 2)]
     pub net_threads: usize,
     /// QUIC congestion controller: cubic, bbr or newreno.
