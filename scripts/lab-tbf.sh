@@ -7,7 +7,8 @@
 #   RATE=1gbit scripts/lab-tbf.sh --op p2p,all-reduce,all-gather,reduce-scatter --bytes 16M,64M
 #
 # Env: RATE (tbf rate, default 1gbit), MTU (the veth MTU, default 1500; 9000 = jumbo), BIN (wiretrain binary, default the release build),
-#      LIMIT (seconds per node process, default 300), SUB (bench or train, default bench),
+#      LIMIT (seconds per node process, default 300), SUB (bench or train, default bench; tcp:
+#      the kernel TCP reference instead of wiretrain, N MiB each way at once, default 256),
 #      QLAT (tbf queue as latency at the rate, default 50ms),
 #      PIN (default 1: node 0 runs on the first half of the cores, node 1 on the second, as on
 #      two machines; 0 lets both share every core).
@@ -26,7 +27,11 @@ fi
 SUB=${SUB:-bench}
 LIMIT=${LIMIT:-300}
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
-[ -x "$BIN" ] || { echo "lab-tbf: no wiretrain binary at $BIN (cargo build --release, or set BIN)"; exit 2; }
+if [ "$SUB" = tcp ]; then
+  command -v python3 >/dev/null || { echo "lab-tbf: SKIP: no python3 for SUB=tcp"; exit 77; }
+else
+  [ -x "$BIN" ] || { echo "lab-tbf: no wiretrain binary at $BIN (cargo build --release, or set BIN)"; exit 2; }
+fi
 [ "$(id -u)" = 0 ] || { echo "lab-tbf: SKIP: needs root for ip netns and tc"; exit 77; }
 command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab-tbf: SKIP: ip/tc (iproute2) not installed"; exit 77; }
 
@@ -55,6 +60,16 @@ ip -n "$ns1" link set "$vb" mtu "$MTU" up
 tc -n "$ns0" qdisc add dev "$va" root tbf rate "$RATE" burst 128kb latency "$QLAT"
 tc -n "$ns1" qdisc add dev "$vb" root tbf rate "$RATE" burst 128kb latency "$QLAT"
 echo "# lab-tbf: veth $a_ip <-> $b_ip, MTU $MTU, tbf rate $RATE each way, queue $QLAT${PIN0:+, nodes pinned to ${PIN0#taskset -c } and ${PIN1#taskset -c }}"
+
+if [ "$SUB" = tcp ]; then
+  pump="$(cd "$(dirname "$0")" && pwd)/tcp-pump.py"
+  echo "# kernel TCP, both directions at once"
+  ip netns exec "$ns0" $PIN0 timeout "$LIMIT" python3 "$pump" server "$a_ip" "${N:-256}" &
+  p0=$!
+  ip netns exec "$ns1" $PIN1 timeout "$LIMIT" python3 "$pump" client "$a_ip" "${N:-256}"
+  wait "$p0"
+  exit 0
+fi
 
 export WIRETRAIN_TOKEN=${WIRETRAIN_TOKEN:-lab-$(date +%s%N)}
 ip netns exec "$ns0" $PIN0 timeout "$LIMIT" "$BIN" "$SUB" "$@" --nnodes 2 --node-rank 0 \
