@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -16,14 +16,34 @@ fn lab_lock() -> std::sync::MutexGuard<'static, ()> {
     LAB.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Runs `scripts/<script>` with the binary under test: `None` (the reason printed) where the
+/// script exits 77 because namespaces cannot be created, else its output and text after
+/// asserting that it succeeded.
+fn lab(script: &str, args: &[&str], env: &[(&str, &str)]) -> Option<(Output, String)> {
+    let path = format!("{}/scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+    let out = Command::new("bash")
+        .arg(path)
+        .args(args)
+        .env("BIN", common::bin())
+        .envs(env.iter().copied())
+        .output()
+        .expect("run lab script");
+    let text = common::text(&out);
+    if out.status.code() == Some(77) {
+        println!("skipped: {}", String::from_utf8_lossy(&out.stdout).trim());
+        return None;
+    }
+    assert!(out.status.success(), "{text}");
+    Some((out, text))
+}
+
 #[test]
 fn collectives_across_a_shaped_link() {
     let _one = lab_lock();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lab-tbf.sh");
     let t0 = Instant::now();
-    let out = Command::new("bash")
-        .arg(script)
-        .args([
+    let Some((out, text)) = lab(
+        "lab-tbf.sh",
+        &[
             "--op",
             "all-reduce,reduce-scatter,all-gather,broadcast,p2p",
             "--bytes",
@@ -36,18 +56,11 @@ fn collectives_across_a_shaped_link() {
             "--json",
             "--reduce",
             "mean",
-        ])
-        .env("BIN", common::bin())
-        .env("RATE", "1gbit")
-        .env("LIMIT", "120")
-        .output()
-        .expect("run lab script");
-    let text = common::text(&out);
-    if out.status.code() == Some(77) {
-        println!("skipped: {}", String::from_utf8_lossy(&out.stdout).trim());
+        ],
+        &[("RATE", "1gbit"), ("LIMIT", "120")],
+    ) else {
         return;
-    }
-    assert!(out.status.success(), "{text}");
+    };
     assert!(t0.elapsed() < Duration::from_secs(240), "{text}");
     let rows = common::rows(&out);
     assert_eq!(rows.len(), 15, "{text}");
@@ -63,10 +76,9 @@ fn collectives_across_a_shaped_link() {
 #[test]
 fn a_cut_link_stops_both_training_nodes_within_30_s() {
     let _one = lab_lock();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lab-tbf.sh");
-    let out = Command::new("bash")
-        .arg(script)
-        .args([
+    let Some((out, text)) = lab(
+        "lab-tbf.sh",
+        &[
             "--example",
             "mlp",
             "--steps",
@@ -74,20 +86,16 @@ fn a_cut_link_stops_both_training_nodes_within_30_s() {
             "--device",
             "cpu",
             "--no-progress",
-        ])
-        .env("BIN", common::bin())
-        .env("SUB", "train")
-        .env("RATE", "1gbit")
-        .env("LIMIT", "120")
-        .env("CUT_AFTER", "8")
-        .output()
-        .expect("run lab script");
-    let text = common::text(&out);
-    if out.status.code() == Some(77) {
-        println!("skipped: {}", String::from_utf8_lossy(&out.stdout).trim());
+        ],
+        &[
+            ("SUB", "train"),
+            ("RATE", "1gbit"),
+            ("LIMIT", "120"),
+            ("CUT_AFTER", "8"),
+        ],
+    ) else {
         return;
-    }
-    assert!(out.status.success(), "{text}");
+    };
     let stdout = String::from_utf8_lossy(&out.stdout);
     let exits: Vec<(i32, u64)> = stdout
         .lines()
@@ -125,26 +133,22 @@ fn a_cut_link_stops_both_training_nodes_within_30_s() {
 fn the_lab_measures_and_the_planner_predicts_a_shaped_run() {
     const LAB_ATTEMPTS: usize = 3;
     let _one = lab_lock();
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/lab.sh");
     let csv = std::env::temp_dir().join(format!("wiretrain-lab-{}.csv", std::process::id()));
     let mut misses = Vec::new();
     for attempt in 1..=LAB_ATTEMPTS {
-        let out = Command::new("bash")
-            .arg(script)
-            .env("BIN", common::bin())
-            .env("RATES", "none 50")
-            .env("STRATEGIES", "ddp")
-            .env("STEPS", "6")
-            .env("LIMIT", "200")
-            .env("OUT", &csv)
-            .output()
-            .expect("run lab script");
-        let text = common::text(&out);
-        if out.status.code() == Some(77) {
-            println!("skipped: {}", String::from_utf8_lossy(&out.stdout).trim());
+        let Some(_) = lab(
+            "lab.sh",
+            &[],
+            &[
+                ("RATES", "none 50"),
+                ("STRATEGIES", "ddp"),
+                ("STEPS", "6"),
+                ("LIMIT", "200"),
+                ("OUT", csv.to_str().unwrap()),
+            ],
+        ) else {
             return;
-        }
-        assert!(out.status.success(), "{text}");
+        };
         let body = std::fs::read_to_string(&csv).unwrap();
         let rows: Vec<Vec<&str>> = body
             .lines()
