@@ -50,6 +50,11 @@ fn traced_run(d: &Path, example: &str, strategy: &str, envs: &[(&str, &str)]) {
 fn check_nesting(path: &Path) {
     let v: serde_json::Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
     let rank = v["otherData"]["rank"].as_u64().unwrap();
+    // The rank's device, as the rank table records it.
+    assert_eq!(
+        v["otherData"]["device"], "cpu (burn flex backend)",
+        "{path:?}"
+    );
     let evs = v["traceEvents"].as_array().unwrap();
     for e in evs {
         for f in ["name", "ph", "ts", "pid", "tid"] {

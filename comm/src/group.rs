@@ -21,6 +21,7 @@
 //! node's own finished piece, the node replaces it by its decoded form, so every rank ends with
 //! bit-identical values. Broadcast and p2p always carry f32.
 
+use crate::abort::{Aborter, FailHook};
 use crate::algo::layout::intersect;
 use crate::algo::{Layout, ring};
 use crate::config::NodeConfig;
@@ -176,6 +177,7 @@ pub struct ProcessGroup {
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
     flight: Arc<std::sync::Mutex<crate::flight::FlightRecorder>>,
     wire: WireDtype,
+    aborter: Aborter,
 }
 
 /// Locks the flight recorder, also after a panic elsewhere (it only holds plain data).
@@ -210,6 +212,18 @@ impl ProcessGroup {
     }
     pub fn table(&self) -> &RankTable {
         &self.table
+    }
+
+    /// Fails the whole job at once with `reason`: this node's other ranks and every other
+    /// node end their collectives with it (instead of waiting out the collective timeout).
+    pub fn abort(&self, reason: &str) {
+        self.aborter.abort(reason);
+    }
+
+    /// A handle that fails the job in this rank's name from any thread (e.g. the thread that
+    /// joins a rank which returned an error).
+    pub fn aborter(&self) -> Aborter {
+        self.aborter.clone()
     }
 
     /// Bytes this rank has sent to other nodes so far (QUIC frame payloads and headers, as
@@ -492,6 +506,12 @@ impl ProcessGroup {
 
 impl Drop for ProcessGroup {
     fn drop(&mut self) {
+        // A rank thread unwinding from a panic fails its node before it waits for its
+        // communication thread, so no peer waits on buffers it will never publish.
+        if std::thread::panicking() {
+            let why = crate::abort::current_panic().unwrap_or_else(|| "see its stderr".into());
+            self.aborter.abort(&format!("panicked: {why}"));
+        }
         self.tx.take();
         if let Some(w) = self.worker.take() {
             let _ = w.join();
@@ -552,9 +572,6 @@ impl From<LaneTask<'_>> for OwnedLaneTask {
         }
     }
 }
-
-/// Closes the node's endpoint with a reason when a rank fails, so every peer learns at once.
-type FailHook = Arc<dyn Fn(String) + Send + Sync>;
 
 /// Runs the collectives of one rank on its communication thread.
 struct Executor {
@@ -1069,6 +1086,7 @@ impl Node {
     /// Joins the job (or hosts the coordinator on node 0), connects to every other node and
     /// starts one communication thread per local rank.
     pub fn join(cfg: NodeConfig) -> Result<Node, Error> {
+        crate::abort::note_panics();
         // Each local rank's inter-node lane (its frame copies, decoding and reductions) runs as
         // a task on this runtime: at least one worker per rank keeps the lanes as parallel as
         // the ranks.
@@ -1137,6 +1155,12 @@ impl Node {
                 inter: None,
                 wire: WireDtype::F32,
             };
+            let aborter = Aborter {
+                shared: shared.clone(),
+                on_fail: on_fail.clone(),
+                local,
+                rank,
+            };
             let (tx, rx) = mpsc::channel::<Job>();
             let worker = std::thread::Builder::new()
                 .name(format!("wiretrain-comm-{rank}"))
@@ -1162,6 +1186,7 @@ impl Node {
                     rank,
                 ))),
                 wire: WireDtype::F32,
+                aborter,
             });
         }
         Ok(Node {

@@ -22,6 +22,7 @@
 //! # }
 //! ```
 
+pub mod abort;
 pub mod algo;
 pub mod bench;
 pub mod codec;
@@ -38,6 +39,7 @@ pub mod transport;
 pub mod untrusted;
 pub mod wire;
 
+pub use abort::Aborter;
 pub use config::{NodeConfig, QuicTuning};
 pub use error::{CollectiveError, ConfigError, Error, RendezvousError, TransportError, WireError};
 pub use group::{Node, OpId, OpKind, ProcessGroup, ReduceOp, Work};

@@ -1,12 +1,18 @@
-//! Local multi-node launcher: starts NODES node processes of this binary on 127.0.0.x, so one
-//! command runs a real multi-node job (real QUIC between real processes) on one machine.
+//! The launcher: starts node processes of a job, as torchrun does. [`run_local`] starts NODES
+//! node processes on 127.0.0.x, so one command runs a real multi-node job (real QUIC between
+//! real processes) on one machine; [`run_node`] starts this machine's one node process of a
+//! job spread over machines. The program is this binary's subcommand (`train`, `bench`) or any
+//! other program, which finds its job in the `WIRETRAIN_*` variables that
+//! [`crate::job::JobOptions::from_env`] (and so [`crate::run`]) reads.
 //!
 //! Node 0 binds an ephemeral port on 127.0.0.1 and writes it to a file; the launcher then
-//! starts nodes 1.. with `--master` pointing at it and `--bind 127.0.0.(i+1):0`. All nodes get
-//! the same fresh 256-bit job token through `WIRETRAIN_TOKEN` (unless one is already set).
+//! starts nodes 1.. with the master pointing at it and binding 127.0.0.(i+1):0. All nodes get
+//! the same fresh 256-bit job token through `WIRETRAIN_TOKEN` (unless one is already set): an
+//! environment variable, never an argument, so it does not show in `ps`.
 //! (macOS configures only 127.0.0.1 on its loopback interface, so there every node binds
 //! 127.0.0.1 and they differ by port.)
 
+use crate::job::env;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
@@ -28,8 +34,9 @@ pub enum LaunchError {
     NoAddress(Duration),
     #[error("node 0 exited before listening ({0})")]
     EarlyExit(ExitStatus),
-    #[error("{}", .0.join("; "))]
-    Failed(Vec<String>),
+    /// Nodes failed; `code` is the first failed node's exit code (128 + signal when killed).
+    #[error("{}", .failures.join("; "))]
+    Failed { failures: Vec<String>, code: i32 },
     #[error("i/o error: {0}")]
     Io(#[from] std::io::Error),
     #[error("stopped by a signal; the nodes finished their step and exited")]
@@ -82,12 +89,133 @@ fn node_ip(node: usize) -> String {
     }
 }
 
-/// Runs `nodes` copies of this executable with `args` (a subcommand and its flags, without
-/// any rendezvous flags), adds the rendezvous flags per node, and waits for all of them.
-/// When a node fails, the others get `grace` to notice and exit on their own before they are
-/// killed. Ctrl-C (or SIGTERM) is passed on to every node, which stop cleanly after their
-/// current step.
-pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(), LaunchError> {
+/// What each node process runs.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The program; `None` runs this executable with `args` (a subcommand and its flags, to
+    /// which the rendezvous flags are added).
+    pub program: Option<PathBuf>,
+    pub args: Vec<OsString>,
+    pub ranks_per_node: usize,
+}
+
+impl Target {
+    /// The command of one node: the program and its arguments, and the job's variables
+    /// (`nnodes`, `node`, `master`; node 0 writes its address to `addr_file`, the others bind
+    /// `bind`).
+    fn command(
+        &self,
+        exe: &std::path::Path,
+        nnodes: usize,
+        node: usize,
+        master: &str,
+        place: Place<'_>,
+    ) -> Command {
+        let mut c = Command::new(self.program.as_deref().unwrap_or(exe));
+        c.args(&self.args)
+            .env(env::NNODES, nnodes.to_string())
+            .env(env::NODE_RANK, node.to_string())
+            .env(env::MASTER, master)
+            .env(env::RANKS_PER_NODE, self.ranks_per_node.to_string());
+        match place {
+            Place::AddrFile(f) => c.env(env::ADDR_FILE, f),
+            Place::Bind(b) => c.env(env::BIND, b),
+            Place::Given => &mut c,
+        };
+        if self.program.is_none() {
+            // This binary's subcommands take the same settings as flags, which tools (and
+            // tests) can read from the command line.
+            c.arg("--nnodes")
+                .arg(nnodes.to_string())
+                .arg("--node-rank")
+                .arg(node.to_string())
+                .arg("--master")
+                .arg(master)
+                .arg("--ranks-per-node")
+                .arg(self.ranks_per_node.to_string());
+            match place {
+                Place::AddrFile(f) => c.arg("--addr-file").arg(f),
+                Place::Bind(b) => c.arg("--bind").arg(b),
+                Place::Given => &mut c,
+            };
+        }
+        c
+    }
+}
+
+/// Where a node listens.
+#[derive(Clone, Copy)]
+enum Place<'a> {
+    /// Node 0 of a local job: bind the master address, write the port here.
+    AddrFile(&'a std::path::Path),
+    /// Another node of a local job.
+    Bind(&'a str),
+    /// As the job's settings say (real machines).
+    Given,
+}
+
+/// The exit code that stands for a status: its code, or 128 + the signal that ended it.
+pub fn exit_code(st: ExitStatus) -> i32 {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if let Some(sig) = st.signal() {
+            return 128 + sig;
+        }
+    }
+    st.code().unwrap_or(1)
+}
+
+/// The job token: the caller's WIRETRAIN_TOKEN, else a fresh 256-bit one.
+fn job_token() -> String {
+    std::env::var(env::TOKEN)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .unwrap_or_else(|| String::from_utf8_lossy(Token::generate().expose()).into_owned())
+}
+
+/// Starts this machine's node of a job over several machines (`nnodes`, `node`, `master`
+/// as the other nodes are told; `None` leaves them to the program's own environment, e.g.
+/// Slurm's) and waits for it; signals are passed on. Returns its exit status.
+pub fn run_node(
+    target: &Target,
+    job: Option<(usize, usize, String)>,
+) -> Result<ExitStatus, LaunchError> {
+    static PID: Mutex<Option<u32>> = Mutex::new(None);
+    let forward = || {
+        if let Some(pid) = *PID.lock().unwrap_or_else(|p| p.into_inner()) {
+            crate::signal::terminate(pid);
+        }
+    };
+    let _stop = crate::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
+    let exe = std::env::current_exe()?;
+    let mut c = match &job {
+        Some((nnodes, node, master)) => target.command(&exe, *nnodes, *node, master, Place::Given),
+        None => {
+            let mut c = Command::new(target.program.as_deref().unwrap_or(&exe));
+            c.args(&target.args)
+                .env(env::RANKS_PER_NODE, target.ranks_per_node.to_string());
+            if target.program.is_none() {
+                c.arg("--ranks-per-node")
+                    .arg(target.ranks_per_node.to_string());
+            }
+            c
+        }
+    };
+    let mut child = c
+        .spawn()
+        .map_err(|source| LaunchError::Spawn { node: 0, source })?;
+    *PID.lock().unwrap_or_else(|p| p.into_inner()) = Some(child.id());
+    let st = child.wait()?;
+    *PID.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    Ok(st)
+}
+
+/// Runs `nodes` node processes of `target` on this machine, each with its rendezvous settings,
+/// and waits for all of them. When a node fails, the others get `grace` to notice and exit on
+/// their own before they are killed. Ctrl-C (or SIGTERM) is passed on to every node, which
+/// stop cleanly after their current step.
+pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), LaunchError> {
     static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
     let forward = || {
         for &pid in PIDS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
@@ -98,25 +226,16 @@ pub fn run_local(nodes: usize, args: &[OsString], grace: Duration) -> Result<(),
     let exe = std::env::current_exe()?;
     let dir = temp_dir()?;
     let addr_file = dir.join("master.addr");
-    let token = std::env::var("WIRETRAIN_TOKEN")
-        .ok()
-        .filter(|t| !t.is_empty())
-        .unwrap_or_else(|| String::from_utf8_lossy(Token::generate().expose()).into_owned());
+    let token = job_token();
     let spawn = |node: usize, master: &str| -> Result<Child, LaunchError> {
-        let mut c = Command::new(&exe);
-        c.args(args)
-            .arg("--nnodes")
-            .arg(nodes.to_string())
-            .arg("--node-rank")
-            .arg(node.to_string())
-            .arg("--master")
-            .arg(master)
-            .env("WIRETRAIN_TOKEN", &token);
-        if node == 0 {
-            c.arg("--addr-file").arg(&addr_file);
+        let bind = format!("{}:0", node_ip(node));
+        let place = if node == 0 {
+            Place::AddrFile(&addr_file)
         } else {
-            c.arg("--bind").arg(format!("{}:0", node_ip(node)));
-        }
+            Place::Bind(&bind)
+        };
+        let mut c = target.command(&exe, nodes, node, master, place);
+        c.env(env::TOKEN, &token);
         let child = c
             .spawn()
             .map_err(|source| LaunchError::Spawn { node, source })?;
@@ -200,6 +319,11 @@ fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError
             None => Some(format!("node {i} did not exit")),
         })
         .collect();
+    let code = status
+        .iter()
+        .flatten()
+        .find(|s| !s.success())
+        .map_or(1, |s| exit_code(*s));
     let all_interrupted = status.iter().all(|s| {
         s.is_some_and(|s| s.success() || s.code() == Some(crate::signal::INTERRUPTED_EXIT))
     });
@@ -209,7 +333,7 @@ fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError
         // A node was stopped by a signal (e.g. Ctrl-C on one machine) and took the job along.
         Err(LaunchError::Interrupted)
     } else {
-        Err(LaunchError::Failed(failures))
+        Err(LaunchError::Failed { failures, code })
     }
 }
 

@@ -30,8 +30,9 @@ enum Cmd {
     Report(cli::report::ReportArgs),
     /// Write one consolidated safetensors model from a sharded checkpoint.
     Export(cli::export::ExportArgs),
-    /// List the devices (wgpu adapters, CPU backend) wiretrain can train on.
-    Devices,
+    /// List the devices (wgpu adapters, CPU backend) wiretrain can train on, and which one
+    /// each local rank gets.
+    Devices(cli::devices::DevicesArgs),
 }
 
 fn main() {
@@ -51,12 +52,16 @@ fn main() {
         Cmd::Export(a) => cli::export::run(a),
         Cmd::Plan(a) => cli::plan::run(a),
         Cmd::Report(a) => cli::report::run(a),
-        Cmd::Devices => cli::devices::run(),
+        Cmd::Devices(a) => cli::devices::run(a),
     };
     if let Err(e) = res {
         if let Some(i) = e.downcast_ref::<cli::Interrupted>() {
             eprintln!("wiretrain: {i}");
             std::process::exit(wiretrain::signal::INTERRUPTED_EXIT);
+        }
+        if let Some(f) = e.downcast_ref::<cli::launch::NodeFailed>() {
+            eprintln!("wiretrain: launch: {f}");
+            std::process::exit(f.code);
         }
         eprintln!("wiretrain: error: {e:#}");
         let usage = e.chain().any(|c| {

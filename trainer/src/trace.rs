@@ -48,6 +48,8 @@ struct Recorder {
     events: Vec<Event>,
     dropped: usize,
     depth: usize,
+    /// The rank's device, as the rank table records it.
+    device: Option<String>,
 }
 
 thread_local! {
@@ -178,7 +180,17 @@ pub fn enable(rank: usize, node: usize, (offset_us, accuracy_us, base_us): (f64,
             events: Vec::new(),
             dropped: 0,
             depth: 0,
+            device: None,
         })
+    });
+}
+
+/// Records this rank's device in its trace file (`otherData.device`).
+pub fn set_device(device: &str) {
+    REC.with(|r| {
+        if let Some(rec) = r.borrow_mut().as_mut() {
+            rec.device = Some(device.to_string());
+        }
     });
 }
 
@@ -268,6 +280,7 @@ pub fn finish(dir: &Path, world: usize) -> std::io::Result<Option<std::path::Pat
             "clock_offset_us": rec.offset_us,
             "clock_accuracy_us": rec.accuracy_us,
             "dropped_events": rec.dropped,
+            "device": rec.device,
         },
     });
     let path = dir.join(format!("trace-rank{}.json", rec.rank));

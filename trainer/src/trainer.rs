@@ -301,6 +301,11 @@ impl<M: Module> Trainer<M> {
         &self.layout
     }
 
+    /// The configuration this trainer runs with.
+    pub fn config(&self) -> &TrainerConfig {
+        &self.cfg
+    }
+
     /// "adamw (fused wgsl)", "adamw" (Burn's) or "sgd".
     pub fn optimizer_path(&self) -> &'static str {
         if self.opt.is_fused() {
@@ -430,8 +435,48 @@ impl<M: Module> Trainer<M> {
             }
         }
         let local_loss = local_loss / micro as f32;
-        let mut grads = single.unwrap_or_else(|| acc.grads());
+        let grads = single.unwrap_or_else(|| acc.grads());
         let grad_scale = 1.0 / micro as f32;
+        self.apply_grads(model, grads, grad_scale, local_loss, t0)
+    }
+
+    /// One optimizer step from gradients computed elsewhere: `grads_fn(model)` runs the
+    /// forward and backward passes on this rank's batch (e.g. Burn's `TrainStep::step`) and
+    /// returns the gradients and the batch's mean loss; communication and the update follow
+    /// as in [`Trainer::step`]. DDP, ZeRO-1/2 and hybrid.
+    pub fn step_grads(
+        &mut self,
+        grads_fn: impl FnOnce(&M) -> (GradientsParams, f32),
+    ) -> Result<StepReport, TrainError> {
+        if self.cfg.strategy.shards_params() {
+            return Err(TrainError::Config(
+                "zero3 and hsdp steps run unit by unit: use Trainer::step_units".into(),
+            ));
+        }
+        let t0 = Instant::now();
+        self.sent_at_start = self.pg.bytes_sent();
+        self.gather_wait = Duration::ZERO;
+        let model = self.model.take().expect("model present between steps");
+        let sp = span("forward+backward", "compute");
+        let (grads, local_loss) = grads_fn(&model);
+        drop(sp);
+        self.apply_grads(model, grads, 1.0, local_loss, t0)
+    }
+
+    /// Sets the learning rate of the following steps (e.g. from a scheduler).
+    pub fn set_lr(&mut self, lr: f64) {
+        self.cfg.lr = lr;
+    }
+
+    /// Communicates `grads` (scaled by `grad_scale`) under the strategy and updates the shard.
+    fn apply_grads(
+        &mut self,
+        model: M,
+        mut grads: GradientsParams,
+        grad_scale: f32,
+        local_loss: f32,
+        t0: Instant,
+    ) -> Result<StepReport, TrainError> {
         let mut compute = t0.elapsed();
         let mut comm = Duration::ZERO;
         let total = self.layout.total();

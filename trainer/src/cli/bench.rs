@@ -147,8 +147,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         }
         let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         let child = wiretrain::launch::strip_flag(&argv, "--local");
+        let target = wiretrain::launch::Target {
+            program: None,
+            // launch adds the rendezvous flags, this node count among them.
+            args: wiretrain::launch::strip_flag(&child, "--ranks-per-node"),
+            ranks_per_node: args.node.ranks_per_node,
+        };
         let grace = Duration::from_secs_f64(args.node.collective_timeout.clamp(1.0, 300.0) + 5.0);
-        return wiretrain::launch::run_local(nodes, &child, grace).context("local launch");
+        return wiretrain::launch::run_local(nodes, &target, grace).context("local launch");
     }
     let cfg = args.node.config()?;
     let mut node = Node::join(cfg).context("joining the job")?;

@@ -1,62 +1,148 @@
-//! `wiretrain launch --local NODES --ranks-per-node K -- train ...`: starts NODES node
-//! processes on 127.0.0.x running the given subcommand, so one command tries a real multi-node
-//! job on one machine.
+//! `wiretrain launch`: starts the node processes of a job, as torchrun does, running this
+//! binary's `train`/`bench` or any program (which finds its job through the `WIRETRAIN_*`
+//! variables that `wiretrain::run` reads). `--local N` starts N nodes on 127.0.0.x; without it
+//! launch starts this machine's one node of a job (`--nnodes/--node-rank/--master`, or the
+//! torchrun/Slurm environment: `srun wiretrain launch -- ./my-train`). Signals are passed on;
+//! the exit code is the failed node's.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use std::ffi::OsString;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
+use wiretrain::launch::{LaunchError, Target, exit_code, run_local, run_node};
 
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {
-    /// Node processes to start on 127.0.0.1, 127.0.0.2, ...
+    /// Node processes to start on this machine (127.0.0.1, 127.0.0.2, ...).
     #[arg(long)]
-    pub local: usize,
+    pub local: Option<usize>,
+    /// Without --local: node processes in the whole job.
+    #[arg(long, requires = "master")]
+    pub nnodes: Option<usize>,
+    /// Without --local: this machine's node rank (0 hosts the coordinator).
+    #[arg(long, requires = "master")]
+    pub node_rank: Option<usize>,
+    /// Without --local: the coordinator, host:port (node 0 listens there).
+    #[arg(long)]
+    pub master: Option<String>,
     /// Ranks (threads, one device each) per node.
     #[arg(long, default_value_t = 1)]
     pub ranks_per_node: usize,
     /// Seconds a failed node's peers get to exit on their own before they are stopped.
     #[arg(long, default_value_t = 30.0)]
     pub grace: f64,
-    /// The subcommand each node runs, after `--` (e.g. `-- train --example mlp`).
+    /// What each node runs, after `--`: `train ...` or `bench ...` of this binary, or any
+    /// program and its arguments (e.g. `-- ./target/release/my-train --my-flag`).
     #[arg(last = true, required = true)]
     pub command: Vec<OsString>,
 }
 
+/// A node failed: the launcher exits with its code.
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct NodeFailed {
+    pub message: String,
+    pub code: i32,
+}
+
+/// The program to run, checked before anything starts: a path (with a `/`) that is a file,
+/// or a name found on PATH.
+fn find_program(p: &Path) -> Result<PathBuf> {
+    let found = if p.components().count() > 1 || p.is_absolute() {
+        p.is_file().then(|| p.to_path_buf())
+    } else {
+        std::env::var_os("PATH").and_then(|path| {
+            std::env::split_paths(&path)
+                .map(|d| d.join(p))
+                .find(|c| c.is_file())
+        })
+    };
+    found.with_context(|| {
+        format!(
+            "--: program {:?} not found (not a file, nor a name on PATH; launch runs `train`, `bench` or a program)",
+            p.display()
+        )
+    })
+}
+
 pub fn run(args: &LaunchArgs) -> Result<()> {
-    if args.local == 0 || args.local > 64 {
-        bail!("--local: {} is outside 1..=64", args.local);
+    if args.ranks_per_node == 0 || args.ranks_per_node > 1024 {
+        bail!(
+            "--ranks-per-node: {} is outside 1..=1024",
+            args.ranks_per_node
+        );
     }
-    if args.ranks_per_node == 0 {
-        bail!("--ranks-per-node must be at least 1");
-    }
-    let sub = args.command[0].to_string_lossy();
-    if sub != "train" && sub != "bench" {
-        bail!("--: launch runs `train` or `bench`, not {sub:?}");
-    }
-    for flag in [
-        "--nnodes",
-        "--node-rank",
-        "--master",
-        "--ranks-per-node",
-        "--local",
-    ] {
-        if args
-            .command
-            .iter()
-            .any(|a| a.to_string_lossy().split('=').next() == Some(flag))
-        {
-            bail!("--: {flag} is set by launch; remove it from the node command");
+    let first = args.command[0].clone();
+    let own = first == "train" || first == "bench";
+    let target = if own {
+        for flag in [
+            "--nnodes",
+            "--node-rank",
+            "--master",
+            "--ranks-per-node",
+            "--local",
+        ] {
+            if args
+                .command
+                .iter()
+                .any(|a| a.to_string_lossy().split('=').next() == Some(flag))
+            {
+                bail!("--: {flag} is set by launch; remove it from the node command");
+            }
         }
-    }
-    let mut child = args.command.clone();
-    child.push("--ranks-per-node".into());
-    child.push(args.ranks_per_node.to_string().into());
+        Target {
+            program: None,
+            args: args.command.clone(),
+            ranks_per_node: args.ranks_per_node,
+        }
+    } else {
+        Target {
+            program: Some(find_program(Path::new(&first))?),
+            args: args.command[1..].to_vec(),
+            ranks_per_node: args.ranks_per_node,
+        }
+    };
     let grace = Duration::from_secs_f64(args.grace.clamp(1.0, 600.0));
-    match wiretrain::launch::run_local(args.local, &child, grace) {
-        Err(e @ wiretrain::launch::LaunchError::Interrupted) => {
-            Err(super::Interrupted(e.to_string()).into())
+    let res = match args.local {
+        Some(n) => {
+            if n == 0 || n > 64 {
+                bail!("--local: {n} is outside 1..=64");
+            }
+            if args.master.is_some() {
+                bail!("--local starts every node here: it takes no --master/--nnodes/--node-rank");
+            }
+            run_local(n, &target, grace)
         }
-        r => r.context("local launch"),
+        None => {
+            let job = match (&args.master, args.nnodes, args.node_rank) {
+                (Some(m), Some(n), Some(r)) if r < n => Some((n, r, m.clone())),
+                (Some(_), Some(n), Some(r)) => {
+                    bail!("--node-rank {r} is not below --nnodes {n}")
+                }
+                (Some(_), _, _) => bail!("--master needs --nnodes and --node-rank"),
+                (None, _, _) => None,
+            };
+            run_node(&target, job).and_then(|st| {
+                if st.success() {
+                    Ok(())
+                } else {
+                    Err(LaunchError::Failed {
+                        failures: vec![format!("the node process exited with {st}")],
+                        code: exit_code(st),
+                    })
+                }
+            })
+        }
+    };
+    match res {
+        Ok(()) => Ok(()),
+        Err(e @ LaunchError::Interrupted) => Err(super::Interrupted(e.to_string()).into()),
+        Err(LaunchError::Failed { failures, code }) => Err(NodeFailed {
+            message: failures.join("; "),
+            code,
+        }
+        .into()),
+        Err(e) => Err(anyhow::Error::new(e).context("launch")),
     }
 }

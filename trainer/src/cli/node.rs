@@ -1,34 +1,34 @@
-//! Flags every node-level subcommand shares: how to find the other nodes (flags, torchrun or
-//! Slurm environment), the job token, and transport tuning. Turned into a `NodeConfig`.
+//! Flags every node-level subcommand shares: how to find the other nodes (flags, the
+//! `WIRETRAIN_*` variables `wiretrain launch` sets, torchrun or Slurm environment), the job
+//! token, and transport tuning. Turned into the library's [`JobOptions`].
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Result, bail};
 use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use wiretrain::job::JobOptions;
 use wiretrain_comm::NodeConfig;
-use wiretrain_comm::config::{EnvRendezvous, resolve};
-use wiretrain_comm::tls::Token;
 
 #[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
     /// Number of node processes in the job (default: from torchrun/Slurm env, else 1).
-    #[arg(long)]
+    #[arg(long, env = "WIRETRAIN_NNODES")]
     pub nnodes: Option<usize>,
     /// This node's rank; 0 hosts the coordinator. Others may omit it to be assigned one.
-    #[arg(long)]
+    #[arg(long, env = "WIRETRAIN_NODE_RANK")]
     pub node_rank: Option<usize>,
     /// Coordinator address host:port (node 0 listens there).
-    #[arg(long)]
+    #[arg(long, env = "WIRETRAIN_MASTER")]
     pub master: Option<String>,
     /// Local address to bind (default: the master address on node 0, any port elsewhere).
-    #[arg(long)]
+    #[arg(long, env = "WIRETRAIN_BIND")]
     pub bind: Option<SocketAddr>,
     /// Ranks (devices) this node hosts, one thread each.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, env = "WIRETRAIN_RANKS_PER_NODE")]
     pub ranks_per_node: usize,
     /// File holding the job token (else WIRETRAIN_TOKEN; single-node jobs make one up).
-    #[arg(long)]
+    #[arg(long, env = "WIRETRAIN_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
     /// Seconds to wait for every node at rendezvous.
     #[arg(long, default_value_t = 60.0)]
@@ -54,7 +54,7 @@ pub struct NodeArgs {
     #[arg(long, default_value = "cubic")]
     pub congestion: String,
     /// Node 0 writes its bound address here (used by local launchers).
-    #[arg(long, hide = true)]
+    #[arg(long, hide = true, env = "WIRETRAIN_ADDR_FILE")]
     pub addr_file: Option<PathBuf>,
     /// Announce another protocol version (testing only).
     #[arg(long, hide = true)]
@@ -69,88 +69,30 @@ fn secs(field: &str, v: f64) -> Result<Duration> {
 }
 
 impl NodeArgs {
+    /// The library's job options from these flags (devices are the subcommand's own flag).
+    pub fn options(&self) -> Result<JobOptions> {
+        Ok(JobOptions {
+            nnodes: self.nnodes,
+            node_rank: self.node_rank,
+            master: self.master.clone(),
+            bind: self.bind,
+            ranks_per_node: Some(self.ranks_per_node),
+            token_file: self.token_file.clone(),
+            rendezvous_timeout: secs("rendezvous-timeout", self.rendezvous_timeout)?,
+            collective_timeout: secs("collective-timeout", self.collective_timeout)?,
+            idle_timeout: secs("idle-timeout", self.idle_timeout)?,
+            mtu: self.mtu,
+            frame_bytes: self.frame_bytes,
+            net_threads: self.net_threads,
+            congestion: self.congestion.clone(),
+            addr_file: self.addr_file.clone(),
+            protocol_version_override: self.protocol_version_override,
+            ..JobOptions::default()
+        })
+    }
+
     /// Builds the node configuration from flags, then environment.
     pub fn config(&self) -> Result<NodeConfig> {
-        let (nnodes, node_rank, master) = match &self.master {
-            Some(m) => {
-                let nnodes = self.nnodes.context("--nnodes is required with --master")?;
-                let addr = resolve(m).with_context(|| format!("--master {m}"))?;
-                (nnodes, self.node_rank, addr)
-            }
-            None => match EnvRendezvous::from_env(|k| std::env::var(k).ok())
-                .context("reading rendezvous environment")?
-            {
-                Some(env) => {
-                    tracing::info!(source = env.source, "rendezvous from environment");
-                    let addr = env.master_addr()?;
-                    (
-                        self.nnodes.unwrap_or(env.nnodes),
-                        Some(self.node_rank.unwrap_or(env.node_rank)),
-                        addr,
-                    )
-                }
-                None => {
-                    let n = self.nnodes.unwrap_or(1);
-                    if n != 1 {
-                        bail!(
-                            "--nnodes {n} needs --master host:port (or MASTER_ADDR / Slurm environment)"
-                        );
-                    }
-                    (1, Some(0), "127.0.0.1:0".parse().expect("static address"))
-                }
-            },
-        };
-        let token = match (
-            std::env::var("WIRETRAIN_TOKEN")
-                .ok()
-                .filter(|t| !t.is_empty()),
-            &self.token_file,
-        ) {
-            (Some(t), _) => Token::from(t),
-            (None, Some(p)) => {
-                let t = std::fs::read_to_string(p)
-                    .with_context(|| format!("--token-file {}", p.display()))?;
-                let t = t.trim();
-                if t.is_empty() {
-                    bail!("--token-file {}: the file is empty", p.display());
-                }
-                Token::from(t)
-            }
-            (None, None) if nnodes == 1 => Token::generate(),
-            (None, None) => bail!(
-                "a multi-node job needs a shared secret: set WIRETRAIN_TOKEN or pass --token-file on every node"
-            ),
-        };
-        let mut cfg = NodeConfig::new(nnodes, node_rank, master, self.ranks_per_node, token)
-            .context("node configuration")?;
-        if let Some(b) = self.bind {
-            cfg.bind(b);
-        }
-        if let Some(p) = &self.addr_file {
-            cfg.addr_file(p.clone());
-        }
-        cfg.rendezvous_timeout(secs("rendezvous-timeout", self.rendezvous_timeout)?)
-            .collective_timeout(secs("collective-timeout", self.collective_timeout)?);
-        cfg.quic()
-            .idle_timeout(secs("idle-timeout", self.idle_timeout)?)
-            .context("--idle-timeout")?;
-        cfg.quic()
-            .net_threads(self.net_threads)
-            .context("--net-threads")?;
-        cfg.quic().congestion(
-            self.congestion
-                .parse()
-                .map_err(|e| anyhow::anyhow!("--congestion: {e}"))?,
-        );
-        if let Some(m) = self.mtu {
-            cfg.quic().mtu_upper_bound(m).context("--mtu")?;
-        }
-        if let Some(f) = self.frame_bytes {
-            cfg.quic().frame_bytes(f).context("--frame-bytes")?;
-        }
-        if let Some(v) = self.protocol_version_override {
-            cfg.protocol_version_override(v);
-        }
-        Ok(cfg)
+        Ok(self.options()?.node_config()?)
     }
 }

@@ -3,27 +3,23 @@
 
 use super::node::NodeArgs;
 use anyhow::{Context, Result, bail};
-use burn::module::Module;
 use burn::tensor::Tensor;
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Deserialize;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::time::{Duration, Instant};
-use wiretrain::balance::{Balance, SpeedBalancer};
+use wiretrain::RankContext;
+use wiretrain::balance::Balance;
 use wiretrain::data::DistributedSampler;
-use wiretrain::device::{DeviceSpec, select};
+use wiretrain::device::{DeviceSpec, parse_specs};
+use wiretrain::fit::{CheckpointPlan, FitOptions, fit};
 use wiretrain::models::Example;
 use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
 use wiretrain::models::mlp::{Dataset, Mlp};
-use wiretrain::plot::{PlotPoint, plot_run};
 use wiretrain::strategy::Strategy;
-use wiretrain::trainer::{Diloco, StepReport, TrainError, Trainer, TrainerConfig};
+use wiretrain::trainer::{Diloco, Trainer, TrainerConfig};
 use wiretrain::units::{Act, Units};
-use wiretrain_comm::{Node, WireDtype};
+use wiretrain_comm::WireDtype;
 
 #[derive(Debug, Clone, Args)]
 pub struct TrainArgs {
@@ -46,10 +42,14 @@ pub struct TrainArgs {
     /// Seed for parameters and data order.
     #[arg(long)]
     pub seed: Option<u64>,
-    /// Device per rank: auto, wgpu, wgpu:cpu (lavapipe), cpu; or a comma-separated list with
-    /// one per local rank, to mix device kinds on a node (e.g. "wgpu:cpu,cpu").
-    #[arg(long)]
+    /// Device per rank: auto, wgpu (local rank i on the i-th GPU adapter), wgpu:N (adapter N
+    /// of `wiretrain devices`), wgpu:cpu (lavapipe), cpu; or a comma-separated list with one
+    /// per local rank, to mix device kinds on a node (e.g. "wgpu:cpu,cpu").
+    #[arg(long, env = "WIRETRAIN_DEVICE")]
     pub device: Option<String>,
+    /// Let several local ranks share one GPU adapter (refused otherwise).
+    #[arg(long)]
+    pub share_device: bool,
     /// Gradient bucket size in bytes.
     #[arg(long)]
     pub bucket_bytes: Option<usize>,
@@ -142,6 +142,7 @@ struct FileConfig {
     lr: Option<f64>,
     seed: Option<u64>,
     device: Option<String>,
+    share_device: Option<bool>,
     bucket_bytes: Option<usize>,
     accumulate: Option<usize>,
     prefetch: Option<usize>,
@@ -162,15 +163,6 @@ struct FileConfig {
     resume: Option<bool>,
 }
 
-/// Where and how often checkpoints are written.
-#[derive(Debug, Clone)]
-struct CkptPlan {
-    dir: PathBuf,
-    every: Option<usize>,
-    keep: usize,
-    resume: bool,
-}
-
 /// The resolved run settings.
 #[derive(Debug, Clone)]
 struct Run {
@@ -182,6 +174,7 @@ struct Run {
     seed: u64,
     /// One per local rank, or a single one for all.
     device: Vec<DeviceSpec>,
+    share_device: bool,
     bucket_bytes: usize,
     accumulate: usize,
     prefetch: usize,
@@ -192,7 +185,7 @@ struct Run {
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
-    checkpoint: Option<CkptPlan>,
+    checkpoint: Option<CheckpointPlan>,
 }
 
 impl Run {
@@ -288,11 +281,9 @@ impl TrainArgs {
             .or(file.device)
             .unwrap_or_else(|| "auto".into());
         // One spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
-        let device: Vec<DeviceSpec> = device
-            .split(',')
-            .map(|d| d.trim().parse())
-            .collect::<Result<_, _>>()
-            .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+        let device: Vec<DeviceSpec> =
+            parse_specs(&device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+        let share_device = self.share_device || file.share_device.unwrap_or(false);
         let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
         if !(lr.is_finite() && lr > 0.0) {
             bail!("--lr: {lr} must be a positive number");
@@ -370,7 +361,7 @@ impl TrainArgs {
             bail!("--checkpoint-keep must be at least 1");
         }
         let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
-            Some(dir) => Some(CkptPlan {
+            Some(dir) => Some(CheckpointPlan {
                 dir,
                 every,
                 keep,
@@ -390,6 +381,7 @@ impl TrainArgs {
             lr,
             seed: self.seed.or(file.seed).unwrap_or(1),
             device,
+            share_device,
             bucket_bytes,
             accumulate,
             prefetch,
@@ -430,23 +422,21 @@ impl Data {
 struct Shared {
     run: Run,
     data: Data,
-    metrics: Option<PathBuf>,
-    save: Option<PathBuf>,
-    trace: Option<PathBuf>,
-    progress: bool,
-    stop: Arc<AtomicBool>,
+    fit: FitOptions,
 }
 
 pub fn run(args: &TrainArgs) -> Result<()> {
     let run = args.resolve()?;
-    let cfg = args.node.config()?;
-    let nnodes = cfg.nnodes();
-    let world_guess = nnodes * cfg.ranks();
-    if run.device.len() > 1 && run.device.len() != cfg.ranks() {
+    let mut job = args.node.options()?;
+    job.devices = run.device.clone();
+    job.share_device = run.share_device;
+    let nnodes = job.node_config()?.nnodes();
+    let world_guess = nnodes * job.ranks();
+    if run.device.len() > 1 && run.device.len() != job.ranks() {
         bail!(
             "--device: {} devices listed for {} ranks per node (give one, or one per local rank)",
             run.device.len(),
-            cfg.ranks()
+            job.ranks()
         );
     }
     let per_step = world_guess * run.accumulate;
@@ -476,31 +466,33 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             run.accumulate
         );
     }
-    let stop = wiretrain::signal::install(None).map_err(anyhow::Error::msg)?;
     let data = match run.example {
         Example::Mlp => Data::Mlp(Arc::new(Dataset::synthetic(DATASET, run.seed))),
         Example::CharLm => Data::CharLm(Arc::new(Corpus::shipped(CHAR_SEQ))),
     };
-    let mut node = Node::join(cfg).context("joining the job")?;
-    let groups = node.take_groups();
-    let shared = Shared {
-        run,
-        data,
-        metrics: args.metrics.clone(),
-        save: args.save_params.clone(),
-        trace: args.trace.clone(),
-        progress: !args.no_progress,
-        stop,
-    };
-    let handles: Vec<_> = groups
-        .into_iter()
-        .map(|pg| {
-            let shared = shared.clone();
-            std::thread::spawn(move || train_rank(pg, shared))
-        })
-        .collect();
-    let outcomes = super::join_ranks(handles)?;
-    node.shutdown().context("shutting down")?;
+    let mut fit = FitOptions::new(run.steps, run.global_batch);
+    fit.accumulate = run.accumulate;
+    fit.balance = run.balance.clone();
+    fit.metrics = args.metrics.clone();
+    fit.plot = run.plot.clone();
+    fit.progress = !args.no_progress;
+    fit.checkpoint = run.checkpoint.clone();
+    fit.trace = args.trace.clone();
+    fit.save_params = args.save_params.clone();
+    fit.title = run.example.to_string();
+    fit.meta = serde_json::json!({
+        "example": run.example.to_string(),
+        "seed": run.seed,
+        "lr": run.lr,
+        "d_model": run.d_model,
+        "layers": run.layers,
+    });
+    let shared = Shared { run, data, fit };
+    let outcomes =
+        wiretrain::run(job, move |ctx| train_rank(ctx, shared.clone())).map_err(|e| match e {
+            wiretrain::RunError::Device(d) => anyhow::anyhow!("--device: {d}"),
+            other => anyhow::Error::new(other),
+        })?;
     if let Some(step) = outcomes.iter().flatten().next() {
         return Err(super::Interrupted(format!(
             "stopped by a signal after step {step} on every rank; metrics and outputs are written"
@@ -511,27 +503,29 @@ pub fn run(args: &TrainArgs) -> Result<()> {
 }
 
 /// Trains one rank; returns the last step done when a signal stopped the run early.
-fn train_rank(pg: wiretrain_comm::ProcessGroup, sh: Shared) -> Result<Option<usize>> {
-    let spec = sh.run.device[pg.local_rank().min(sh.run.device.len() - 1)];
-    let rd = select(spec).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
-    let device = rd.device.clone().autodiff();
-    if sh.run.device.len() > 1 {
-        eprintln!(
-            "wiretrain: rank {} (node {}, local {}) trains on {}",
-            pg.rank(),
-            pg.node(),
-            pg.local_rank(),
-            rd.description
-        );
-    }
+fn train_rank(ctx: RankContext, sh: Shared) -> Result<Option<usize>> {
+    let device = ctx.device();
+    let mut sh = sh;
+    sh.fit.stop = Some(ctx.stop.clone());
+    let pg = ctx.pg;
     if pg.rank() == 0 {
         eprintln!(
-            "wiretrain: rank 0 trains {} on {}; world {}; strategy {}",
+            "wiretrain: training {} on world {}; strategy {}",
             sh.run.example,
-            rd.description,
             pg.world(),
             sh.run.strategy_name()
         );
+        // The rank table: every rank's node and device.
+        let table = pg.table();
+        for n in table.nodes() {
+            for (l, d) in n.devices.iter().enumerate() {
+                eprintln!(
+                    "wiretrain: rank {} (node {}, local {l}) trains on {d}",
+                    table.global_rank(n.node, l),
+                    n.node
+                );
+            }
+        }
     }
     let make = if sh.run.balance == Balance::Equal {
         DistributedSampler::new
@@ -604,395 +598,17 @@ fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
 ) -> Result<Option<usize>> {
     if tc.strategy.shards_params() {
         let trainer = Trainer::with_units(model, device, tc, pg)?;
-        return train_loop(trainer, sampler, sh, |t, idx| {
+        let done = fit(trainer, sampler, &sh.fit, |t, idx| {
             let (x, l) = unit_io(idx);
             t.step_units(x, l)
-        });
+        })?;
+        return Ok(done.stopped_after);
     }
     let micro = sh.run.accumulate;
     let trainer = Trainer::new(model, device, tc, pg)?;
-    train_loop(trainer, sampler, sh, |t, idx| {
+    let done = fit(trainer, sampler, &sh.fit, |t, idx| {
         let per = idx.len() / micro;
         t.step_accumulate(micro, |m, i| loss(m, &idx[i * per..(i + 1) * per]))
-    })
-}
-
-fn progress_bar(steps: usize, show: bool) -> ProgressBar {
-    let bar = ProgressBar::with_draw_target(
-        Some(steps as u64),
-        if show {
-            ProgressDrawTarget::stderr()
-        } else {
-            ProgressDrawTarget::hidden()
-        },
-    );
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} (eta {eta})")
-            .expect("a valid progress template")
-            .progress_chars("=> "),
-    );
-    bar
-}
-
-/// Medians of the per-step time split (the first step, which compiles kernels, is left out
-/// when there are more).
-fn medians(reports: &[[f64; 6]]) -> serde_json::Value {
-    let skip = usize::from(reports.len() > 1);
-    let med = |k: usize| {
-        let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
-    serde_json::json!({
-        "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
-        "sent_bytes": med(4), "gather_ms": med(5),
-    })
-}
-
-fn train_loop<M: Module>(
-    mut trainer: Trainer<M>,
-    mut sampler: DistributedSampler,
-    sh: &Shared,
-    mut step_fn: impl FnMut(&mut Trainer<M>, &[usize]) -> Result<StepReport, TrainError>,
-) -> Result<Option<usize>> {
-    let run = &sh.run;
-    let leader = trainer.process_group().rank() == 0;
-    trainer.set_stop_flag(sh.stop.clone());
-    let mut out = match (&sh.metrics, leader) {
-        (Some(p), true) => Some(std::io::BufWriter::new(
-            std::fs::File::create(p).with_context(|| format!("--metrics {}", p.display()))?,
-        )),
-        _ => None,
-    };
-    // The peak memory reported is that of the training steps, not of start-up (where every
-    // rank briefly holds the whole model, whatever the strategy).
-    wiretrain::rss::reset_peak_rss();
-    let bar = progress_bar(run.steps, leader && sh.progress);
-    let t_start = Instant::now();
-    let mut points: Vec<PlotPoint> = Vec::with_capacity(run.steps);
-    let mut split: Vec<[f64; 6]> = Vec::with_capacity(run.steps);
-    let mut comm_total = 0.0;
-    let mut stopped = None;
-    let micro = run.accumulate;
-    let run_meta = serde_json::json!({
-        "example": run.example.to_string(),
-        "seed": run.seed,
-        "global_batch": run.global_batch,
-        "lr": run.lr,
-        "accumulate": micro,
-        "d_model": run.d_model,
-        "layers": run.layers,
-    });
-    let mut start = 0;
-    if let Some(c) = run.checkpoint.as_ref().filter(|c| c.resume) {
-        match trainer.resume_latest(&c.dir)? {
-            Some(m) => {
-                start = m.step;
-                if leader {
-                    eprintln!(
-                        "wiretrain: resumed from {} at step {start} (written by {} ranks, {})",
-                        c.dir.display(),
-                        m.world,
-                        m.strategy
-                    );
-                    if m.run.get("global_batch") != run_meta.get("global_batch") {
-                        eprintln!(
-                            "wiretrain: warning: the checkpoint was trained with global batch {}, \
-                             this run uses {}; the data order differs from an uninterrupted run",
-                            m.run
-                                .get("global_batch")
-                                .unwrap_or(&serde_json::Value::Null),
-                            run.global_batch
-                        );
-                    }
-                }
-            }
-            None if leader => eprintln!(
-                "wiretrain: no checkpoint in {}; starting at step 0",
-                c.dir.display()
-            ),
-            None => {}
-        }
-    }
-    bar.set_position(start as u64);
-    let node = trainer.process_group().node();
-    let rank = trainer.process_group().rank();
-    if sh.trace.is_some() {
-        let off = wiretrain::trace::estimate_offset(trainer.process_group())?;
-        wiretrain::trace::enable(rank, node, off);
-        trainer.process_group().keep_history(true);
-    }
-    let slow_rank = slow_rank_hook(rank);
-    let slowdown = slowdown_hook(rank);
-    let mut per_sample_ms: Option<f64> = None;
-    let world = trainer.process_group().world();
-    let mut balancer = SpeedBalancer::new(run.global_batch);
-    let mut shares: Option<Vec<usize>> = None;
-    let mut t_iter = Instant::now();
-    for step in start..run.steps {
-        if let Some(ms) = slow_step_hook(node, step) {
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-        let st = wiretrain::trace::span(format!("step {step}"), "step");
-        let sp = wiretrain::trace::span("data", "data");
-        shares = match &run.balance {
-            Balance::Equal => None,
-            Balance::Fixed(v) => Some(v.clone()),
-            Balance::Speed => Some(balancer.shares(world)),
-        };
-        let idx = match &shares {
-            None => sampler.indices(step),
-            Some(s) => {
-                trainer.set_sample_weight(s[rank], run.global_batch);
-                sampler.indices_shared(step, s)
-            }
-        };
-        drop(sp);
-        if let Some(ms) = slow_rank {
-            let _s = wiretrain::trace::span("slowed compute (test hook)", "compute");
-            std::thread::sleep(Duration::from_millis(ms));
-        }
-        // The debug knob: this rank computes `f` times slower. The extra time is spent before
-        // the step's collectives, like a slower device, scaled by this step's samples.
-        let mut slept_ms = 0.0;
-        if let (Some(f), Some(per)) = (slowdown, per_sample_ms) {
-            slept_ms = (f - 1.0) * per * idx.len() as f64;
-            let _s = wiretrain::trace::span("slowed compute (debug knob)", "compute");
-            std::thread::sleep(Duration::from_secs_f64(slept_ms / 1e3));
-        }
-        let rep = step_fn(&mut trainer, &idx)?;
-        per_sample_ms = Some(rep.compute_ms / idx.len().max(1) as f64);
-        let compute_ms = rep.compute_ms + slept_ms;
-        if run.balance == Balance::Speed {
-            // Everyone gets everyone's speed, so all ranks compute the same shares.
-            let speed = idx.len() as f64 / (compute_ms / 1e3).max(1e-9);
-            let pg = trainer.process_group();
-            let n = pg.shard_range(world).len();
-            let all = pg.all_gather(vec![speed as f32; n], world).wait()?;
-            balancer.observe(&all);
-        }
-        drop(st);
-        if sh.trace.is_some() {
-            wiretrain::trace::add_comm_track(trainer.process_group());
-        }
-        let samples_per_s = run.global_batch as f64 / (rep.step_ms / 1e3);
-        comm_total += rep.comm_ms;
-        points.push(PlotPoint {
-            step,
-            loss: rep.loss as f64,
-            samples_per_s,
-        });
-        split.push([
-            rep.step_ms,
-            rep.compute_ms,
-            rep.comm_ms,
-            rep.optim_ms,
-            rep.sent_bytes as f64,
-            rep.gather_ms,
-        ]);
-        if let Some(o) = out.as_mut() {
-            let line = serde_json::json!({
-                "step": step,
-                "loss": rep.loss,
-                "samples_per_s": samples_per_s,
-                "step_ms": rep.step_ms,
-                "comm_ms": rep.comm_ms,
-                "compute_ms": rep.compute_ms,
-                "optim_ms": rep.optim_ms,
-                "gather_ms": rep.gather_ms,
-                "sent_bytes": rep.sent_bytes,
-                "shares": shares,
-                // The whole loop iteration on the leader: the step plus anything between steps.
-                "wall_ms": t_iter.elapsed().as_secs_f64() * 1e3,
-            });
-            writeln!(o, "{line}")?;
-            o.flush()?;
-        }
-        t_iter = Instant::now();
-        bar.set_position(step as u64 + 1);
-        bar.set_message(format!(
-            "loss {:.4} | {:.0} samples/s | comm {:.0}%{}",
-            rep.loss,
-            samples_per_s,
-            100.0 * rep.comm_ms / rep.step_ms.max(1e-9),
-            shares
-                .as_ref()
-                .map(|s| format!(" | shares {s:?}"))
-                .unwrap_or_default()
-        ));
-        let done = step + 1;
-        if let Some(c) = &run.checkpoint
-            && (c.every.is_some_and(|k| done.is_multiple_of(k)) || done == run.steps || rep.stop)
-        {
-            let t = Instant::now();
-            let d = trainer
-                .save_checkpoint(&c.dir, done, run_meta.clone(), c.keep)
-                .with_context(|| format!("writing a checkpoint into {}", c.dir.display()))?;
-            if leader {
-                bar.suspend(|| {
-                    eprintln!(
-                        "wiretrain: checkpoint of step {done} written to {} ({:.0} ms)",
-                        d.display(),
-                        t.elapsed().as_secs_f64() * 1e3
-                    )
-                });
-            }
-        }
-        if rep.stop {
-            stopped = Some(step);
-            break;
-        }
-    }
-    bar.finish_and_clear();
-    let steps_done = points.len();
-    if let Some(dir) = &sh.trace {
-        let world = trainer.process_group().world();
-        if let Some(p) = wiretrain::trace::finish(dir, world)
-            .with_context(|| format!("--trace {}", dir.display()))?
-            && leader
-        {
-            eprintln!(
-                "wiretrain: traces written to {} ({} and one per rank)",
-                dir.display(),
-                p.display()
-            );
-        }
-    }
-    let elapsed = t_start.elapsed().max(Duration::from_micros(1));
-    let samples_per_s = (steps_done * run.global_batch) as f64 / elapsed.as_secs_f64();
-    let mem = trainer.memory();
-    // Memory of every rank, gathered to rank 0 for the summary.
-    let world = trainer.process_group().world();
-    let mine = [
-        mem.params_bytes as u64,
-        mem.grads_bytes as u64,
-        mem.optim_bytes as u64,
-        wiretrain::rss::peak_rss_bytes().unwrap_or(0),
-    ];
-    let per_rank = gather_memory(trainer.process_group(), mine)?;
-    let full_params = match &sh.save {
-        Some(_) => Some(trainer.gather_params()?),
-        None => None,
-    };
-    let first_loss = points.first().map(|p| p.loss);
-    let final_loss = points.last().map(|p| p.loss);
-    if let Some(mut o) = out.take() {
-        let summary = serde_json::json!({
-            "summary": true,
-            "example": run.example.to_string(),
-            "strategy": run.strategy_name(),
-            "diloco": run.diloco,
-            "world": world,
-            "steps": run.steps,
-            "steps_done": steps_done,
-            "resumed_from": start,
-            "stopped_early": stopped.is_some(),
-            "global_batch": run.global_batch,
-            "accumulate": micro,
-            "first_loss": first_loss,
-            "final_loss": final_loss,
-            "samples_per_s": samples_per_s,
-            "comm_share": comm_total / (elapsed.as_secs_f64() * 1e3),
-            "median": medians(&split),
-            "params_total": trainer.layout().total(),
-            "largest_bucket_elems": trainer.largest_bucket(),
-            "prefetch": run.prefetch,
-            "wire_dtype": run.wire.name(),
-            "optimizer": trainer.optimizer_path(),
-            "kernels": trainer.kernel_counters(),
-            "memory_per_rank": per_rank,
-            "balance": match &run.balance {
-                Balance::Equal => "equal",
-                Balance::Speed => "speed",
-                Balance::Fixed(_) => "fixed",
-            },
-            "shares": shares,
-            "speeds": balancer.speeds(),
-        });
-        writeln!(o, "{summary}")?;
-        o.flush()?;
-    }
-    if leader {
-        eprintln!(
-            "wiretrain: {steps_done} steps, loss {:.4} -> {:.4}, {samples_per_s:.1} samples/s",
-            first_loss.unwrap_or(0.0),
-            final_loss.unwrap_or(0.0),
-        );
-        if let (Some(p), Some(full)) = (&sh.save, &full_params) {
-            let bytes: Vec<u8> = full.iter().flat_map(|x| x.to_le_bytes()).collect();
-            std::fs::write(p, bytes).with_context(|| format!("--save-params {}", p.display()))?;
-        }
-        if let Some(p) = &run.plot {
-            let title = format!(
-                "{} {} world {world}, global batch {}",
-                run.example,
-                run.strategy_name(),
-                run.global_batch
-            );
-            plot_run(p, &title, &points)?;
-            eprintln!("wiretrain: plot written to {}", p.display());
-        }
-    }
-    Ok(stopped)
-}
-
-/// `WIRETRAIN_TEST_SLOW_STEP=node:step:ms` makes every rank of node `node` spend `ms` more on
-/// step `step`: the fault test of a slow (not dead) node. Unset in normal runs.
-fn slow_step_hook(node: usize, step: usize) -> Option<u64> {
-    let v = std::env::var("WIRETRAIN_TEST_SLOW_STEP").ok()?;
-    let mut it = v.split(':').map(|x| x.parse::<u64>().ok());
-    let (n, s, ms) = (it.next()??, it.next()??, it.next()??);
-    (n == node as u64 && s == step as u64).then_some(ms)
-}
-
-/// `WIRETRAIN_DEBUG_SLOWDOWN=rank:factor` makes rank `rank` compute `factor` times slower
-/// (before each step's collectives it sleeps `factor - 1` times its last per-sample compute
-/// time per sample of the step, and counts it as compute): a stand-in for a slower card when
-/// trying `--balance speed`. Unset in normal runs.
-fn slowdown_hook(rank: usize) -> Option<f64> {
-    let v = std::env::var("WIRETRAIN_DEBUG_SLOWDOWN").ok()?;
-    let (r, f) = v.split_once(':')?;
-    let f: f64 = f.parse().ok()?;
-    (r.parse::<usize>().ok()? == rank && f.is_finite() && f >= 1.0).then_some(f)
-}
-
-/// `WIRETRAIN_TEST_SLOW_RANK=rank:ms` makes rank `rank` spend `ms` more in every step: the
-/// straggler of the trace report's test. Unset in normal runs.
-fn slow_rank_hook(rank: usize) -> Option<u64> {
-    let v = std::env::var("WIRETRAIN_TEST_SLOW_RANK").ok()?;
-    let (r, ms) = v.split_once(':')?;
-    (r.parse::<usize>().ok()? == rank).then(|| ms.parse().ok())?
-}
-
-/// Every rank's [params, grads, optim, peak RSS of its process during the steps] bytes, in rank
-/// order (each sent as three exact 16-bit pieces in f32).
-fn gather_memory(
-    pg: &mut wiretrain_comm::ProcessGroup,
-    mine: [u64; 4],
-) -> Result<Vec<serde_json::Value>> {
-    let world = pg.world();
-    let enc: Vec<f32> = mine
-        .iter()
-        .flat_map(|v| {
-            [
-                (v >> 32 & 0xffff) as f32,
-                (v >> 16 & 0xffff) as f32,
-                (v & 0xffff) as f32,
-            ]
-        })
-        .collect();
-    let dec = |c: &[f32]| ((c[0] as u64) << 32) | ((c[1] as u64) << 16) | c[2] as u64;
-    let mut out = Vec::with_capacity(world);
-    for r in 0..world {
-        let v = pg.broadcast(enc.clone(), r).wait()?;
-        out.push(serde_json::json!({
-            "rank": r,
-            "params_bytes": dec(&v[0..3]),
-            "grads_bytes": dec(&v[3..6]),
-            "optim_bytes": dec(&v[6..9]),
-            "model_state_bytes": dec(&v[0..3]) + dec(&v[3..6]) + dec(&v[6..9]),
-            "peak_rss_bytes": dec(&v[9..12]),
-        }));
-    }
-    Ok(out)
+    })?;
+    Ok(done.stopped_after)
 }

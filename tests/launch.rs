@@ -1,0 +1,297 @@
+//! `wiretrain launch` of a program that is not wiretrain: the `run-loop` example (its own model,
+//! `wiretrain::run` and the library loop) as real node processes over QUIC on loopback. It
+//! trains 2 nodes x 2 ranks to the same per-step loss as one rank; a panicking rank or a
+//! `kill -9` of a node fails every node quickly, naming the cause; the token never shows in a
+//! process's arguments; bad input is one clear line and exit 2.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// The example binary `cargo test` builds next to this test's directory.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(p.exists(), "{} is built by `cargo test`", p.display());
+    p
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wiretrain-launch-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn losses(m: &Path) -> (Vec<f64>, serde_json::Value) {
+    let all: Vec<serde_json::Value> = std::fs::read_to_string(m)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let (summary, steps) = all.split_last().unwrap();
+    (
+        steps.iter().map(|v| v["loss"].as_f64().unwrap()).collect(),
+        summary.clone(),
+    )
+}
+
+fn launch_loop(nodes: &str, ranks: &str, extra: &[&str], m: &Path) -> std::process::Output {
+    let ex = example("run-loop");
+    let mut args = vec![
+        "launch",
+        "--local",
+        nodes,
+        "--ranks-per-node",
+        ranks,
+        "--",
+        ex.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--metrics",
+        m.to_str().unwrap(),
+    ];
+    args.extend(extra);
+    common::run(&args, &[], Duration::from_secs(300))
+}
+
+#[test]
+fn a_user_program_trains_on_two_nodes_like_one_rank() {
+    let d = dir("equal");
+    let (m1, m4) = (d.join("one.jsonl"), d.join("four.jsonl"));
+    let out = launch_loop("1", "1", &["--steps", "25"], &m1);
+    assert!(out.status.success(), "{}", common::text(&out));
+    for strategy in ["ddp", "zero2"] {
+        let out = launch_loop("2", "2", &["--steps", "25", "--strategy", strategy], &m4);
+        assert!(out.status.success(), "{}", common::text(&out));
+        let (one, _) = losses(&m1);
+        let (four, summary) = losses(&m4);
+        assert_eq!(summary["world"], 4, "{summary}");
+        assert_eq!(summary["example"], "run-loop", "{summary}");
+        assert_eq!(summary["devices"].as_array().unwrap().len(), 4, "{summary}");
+        assert_eq!(one.len(), 25);
+        let worst = one
+            .iter()
+            .zip(&four)
+            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
+            .fold(0.0, f64::max);
+        eprintln!("{strategy}: 2x2 vs 1 rank, worst relative loss difference {worst:e}");
+        assert!(worst <= 1e-5, "{strategy}: {one:?} vs {four:?}");
+        assert!(four[24] < 0.7 * four[0], "learns: {four:?}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Runs `launch` with stderr read line by line as it arrives: (line, when) pairs.
+fn spawn_timed(args: &[&str]) -> (std::process::Child, mpsc::Receiver<(String, Instant)>) {
+    let mut child = Command::new(common::bin())
+        .args(args)
+        .env("WIRETRAIN_TOKEN", "0123456789abcdef-a-secret-test-token")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for l in BufReader::new(err).lines().map_while(Result::ok) {
+            let _ = tx.send((l, Instant::now()));
+        }
+    });
+    (child, rx)
+}
+
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the launcher did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
+    let ex = example("run-loop");
+    let (mut child, rx) = spawn_timed(&[
+        "launch",
+        "--local",
+        "2",
+        "--ranks-per-node",
+        "2",
+        "--",
+        ex.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--steps",
+        "1000000",
+        "--panic-at",
+        "3:20",
+    ]);
+    let st = wait_exit(&mut child, Duration::from_secs(120));
+    let exited = Instant::now();
+    let lines: Vec<(String, Instant)> = rx.iter().collect();
+    let text: String = lines.iter().map(|(l, _)| format!("{l}\n")).collect();
+    assert!(!st.success(), "{text}");
+    let panicked = lines
+        .iter()
+        .find(|(l, _)| l.contains("panicked at"))
+        .unwrap_or_else(|| panic!("no panic printed:\n{text}"))
+        .1;
+    let took = exited.duration_since(panicked);
+    assert!(
+        took < Duration::from_secs(5),
+        "{took:?} after the panic:\n{text}"
+    );
+    // Node 0's ranks name the panicking rank and its message.
+    assert!(
+        text.contains("rank 3") && text.contains("was told to panic at step 20"),
+        "{text}"
+    );
+    assert!(!text.contains("secret-test-token"), "{text}");
+}
+
+/// The launcher's child whose environment says it is node `n`.
+fn node_pid(launcher: u32, n: usize) -> Option<u32> {
+    let kids =
+        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
+    let pat = format!("WIRETRAIN_NODE_RANK={n}\0");
+    kids.split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|p| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .is_ok_and(|c| c.windows(pat.len()).any(|w| w == pat.as_bytes()))
+        })
+}
+
+#[test]
+fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
+    let d = dir("kill");
+    let m = d.join("m.jsonl");
+    let ex = example("run-loop");
+    let (mut child, rx) = spawn_timed(&[
+        "launch",
+        "--local",
+        "2",
+        "--ranks-per-node",
+        "2",
+        "--grace",
+        "60",
+        "--",
+        ex.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--steps",
+        "1000000",
+        "--metrics",
+        m.to_str().unwrap(),
+    ]);
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&m).map_or(0, |s| s.lines().count()) < 5 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "no 5 steps in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let victim = node_pid(child.id(), 1).expect("node 1 among the launcher's children");
+    // The token travels in the environment only: no process shows it in its arguments.
+    for p in [child.id(), victim] {
+        let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&cmd).contains("secret-test-token"),
+            "token in the arguments of {p}"
+        );
+    }
+    let killed = Instant::now();
+    assert!(
+        Command::new("kill")
+            .args(["-9", &victim.to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let st = wait_exit(&mut child, Duration::from_secs(90));
+    let took = killed.elapsed();
+    let text: String = rx.iter().map(|(l, _)| format!("{l}\n")).collect();
+    assert!(!st.success(), "{text}");
+    // Within 30 s node 0 failed on its own (the launcher's 60 s grace was not needed).
+    assert!(took < Duration::from_secs(30), "{took:?}:\n{text}");
+    assert!(text.contains("node 1"), "{text}");
+    assert!(!text.contains("secret-test-token"), "{text}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn bad_launches_and_device_specs_are_one_clear_line_and_exit_2() {
+    let e = common::refused(&["launch", "--local", "2", "--", "./no-such-program", "--x"]);
+    assert!(e.contains("program \"./no-such-program\" not found"), "{e}");
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
+    let e = common::refused(&["train", "--device", "gpu0", "--steps", "1"]);
+    assert!(e.contains("\"gpu0\" is not a device"), "{e}");
+    let e = common::refused(&["train", "--device", "wgpu:99", "--steps", "1"]);
+    assert!(e.contains("there is no adapter 99"), "{e}");
+    // This machine has no GPU adapter (CI: lavapipe only): `wgpu` cannot give each rank one.
+    let out = common::run(
+        &["devices", "--ranks-per-node", "2", "--device", "wgpu"],
+        &[],
+        Duration::from_secs(60),
+    );
+    let listing = String::from_utf8_lossy(&out.stdout).into_owned();
+    if !listing.contains("DiscreteGpu") && !listing.contains("IntegratedGpu") {
+        let e = common::refused(&[
+            "train",
+            "--device",
+            "wgpu",
+            "--ranks-per-node",
+            "2",
+            "--steps",
+            "1",
+        ]);
+        assert!(e.contains("no GPU adapter found"), "{e}");
+        assert_eq!(e.trim().lines().count(), 1, "{e}");
+    }
+}
+
+#[test]
+fn devices_lists_adapters_and_the_mapping_of_local_ranks() {
+    let out = common::run(
+        &[
+            "devices",
+            "--ranks-per-node",
+            "2",
+            "--device",
+            "wgpu:cpu,cpu",
+        ],
+        &[],
+        Duration::from_secs(60),
+    );
+    let text = common::text(&out);
+    if !out.status.success() && std::env::var_os("CI").is_none() {
+        eprintln!("skipped: no software Vulkan adapter here:\n{text}");
+        return;
+    }
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("spec") && text.contains("vendor"), "{text}");
+    assert!(text.contains("Cpu") && text.contains("Vulkan"), "{text}");
+    assert!(text.contains("local rank 0: wgpu:"), "{text}");
+    assert!(
+        text.contains("local rank 1: cpu (burn flex backend)"),
+        "{text}"
+    );
+}

@@ -1,0 +1,126 @@
+//! `wiretrain::run` in this process: ranks are real threads on the node's shared buffers. A
+//! rank that panics, or returns an error, fails its peers at once with its message (not after
+//! the 120 s collective timeout); ranks get the devices the specs name, recorded in the rank
+//! table; specs the machine cannot satisfy are refused before anything starts.
+
+use std::time::{Duration, Instant};
+use wiretrain::comm::ReduceOp;
+use wiretrain::device::DeviceSpec;
+use wiretrain::{JobOptions, RunError};
+
+fn job(ranks: usize, devices: Vec<DeviceSpec>) -> JobOptions {
+    JobOptions {
+        ranks_per_node: Some(ranks),
+        devices,
+        nnodes: Some(1),
+        ..JobOptions::default()
+    }
+}
+
+/// Every rank but `bad` all-reduces in a loop; `bad` fails after a few rounds via `fail`.
+fn fail_one(bad: usize, fail: fn(usize) -> Result<(), String>) -> (RunError, Duration) {
+    let t0 = Instant::now();
+    let res = wiretrain::run(job(3, vec![DeviceSpec::Cpu]), move |mut ctx| {
+        for round in 0..1_000_000 {
+            if ctx.rank() == bad && round == 3 {
+                fail(ctx.rank())?;
+            }
+            ctx.pg
+                .all_reduce(vec![1.0; 1024], ReduceOp::Sum)
+                .wait()
+                .map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>(())
+    });
+    (res.expect_err("a rank failed"), t0.elapsed())
+}
+
+#[test]
+fn a_panicking_rank_fails_its_peers_within_5_s_with_the_message() {
+    let (e, took) = fail_one(1, |r| panic!("device out of memory on rank {r} (test)"));
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            RunError::Rank {
+                rank: 1,
+                panicked: true,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("device out of memory on rank 1 (test)"),
+        "{msg}"
+    );
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn a_rank_returning_an_error_fails_its_peers_at_once() {
+    let (e, took) = fail_one(2, |r| Err(format!("rank {r} found a corrupt batch")));
+    let msg = e.to_string();
+    assert!(
+        matches!(
+            e,
+            RunError::Rank {
+                rank: 2,
+                panicked: false,
+                ..
+            }
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("rank 2 found a corrupt batch"), "{msg}");
+    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn ranks_get_the_named_devices_and_the_rank_table_records_them() {
+    let got = wiretrain::run(job(2, vec![DeviceSpec::WgpuCpu, DeviceSpec::Cpu]), |ctx| {
+        Ok::<_, String>((
+            ctx.local_rank(),
+            ctx.rank_device.description.clone(),
+            ctx.devices(),
+        ))
+    });
+    let got = match got {
+        Ok(g) => g,
+        Err(RunError::Device(e)) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: no software Vulkan adapter here ({e}); CI installs lavapipe");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(got.len(), 2);
+    let (_, d0, table) = &got[0];
+    assert!(
+        d0.starts_with("wgpu:") && d0.contains("(Cpu, Vulkan)"),
+        "{d0}"
+    );
+    assert_eq!(got[1].1, "cpu (burn flex backend)");
+    assert_eq!(table, &vec![d0.clone(), got[1].1.clone()]);
+    assert_eq!(got[1].2, *table, "every rank sees the same table");
+}
+
+#[test]
+fn impossible_device_specs_are_refused_before_the_job_starts() {
+    let e = wiretrain::run(job(2, vec![DeviceSpec::WgpuIndex(99)]), |_| {
+        Ok::<_, String>(())
+    })
+    .expect_err("no adapter 99");
+    assert!(matches!(e, RunError::Device(_)), "{e}");
+    assert!(
+        e.to_string().contains("wgpu:99: there is no adapter 99"),
+        "{e}"
+    );
+    let e = wiretrain::run(job(3, vec![DeviceSpec::Cpu, DeviceSpec::Cpu]), |_| {
+        Ok::<_, String>(())
+    })
+    .expect_err("2 specs for 3 ranks");
+    assert!(
+        e.to_string().contains("2 device specs for 3 local ranks"),
+        "{e}"
+    );
+}

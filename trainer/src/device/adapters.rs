@@ -1,0 +1,574 @@
+//! The adapters of this machine and which one each local rank trains on.
+//!
+//! [`enumerate`] lists every wgpu adapter of the native graphics API (the `wgpu:N` index space,
+//! in the API's enumeration order, which is the order Burn selects `DeviceKind::X(n)` from).
+//! [`assign`] is the pure mapping from device specs to adapters: `wgpu` (and `auto` where a
+//! GPU exists) on a node with k local ranks gives local rank i the i-th hardware adapter
+//! (discrete first), torchrun's `LOCAL_RANK` → `cuda:i`; two ranks never share a hardware
+//! adapter unless the caller allows it (`--share-device`). CPU devices (`cpu`, `wgpu:cpu`) are
+//! asked for by name and may be shared.
+
+use burn::tensor::DeviceKind;
+use burn::tensor::wgpu::{WgpuBackend, wgpu};
+use serde::Serialize;
+
+/// What a device spec names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// The local rank's hardware adapter where the machine has any, else Burn's CPU backend.
+    Auto,
+    /// The local rank's hardware adapter (the i-th for local rank i).
+    Wgpu,
+    /// Adapter N of `wiretrain devices`.
+    WgpuIndex(usize),
+    /// A software Vulkan adapter (Mesa's lavapipe).
+    WgpuCpu,
+    /// Burn's CPU backend (`flex`).
+    Cpu,
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "auto" => Self::Auto,
+            "wgpu" => Self::Wgpu,
+            "wgpu:cpu" => Self::WgpuCpu,
+            "cpu" => Self::Cpu,
+            other => match other.strip_prefix("wgpu:").map(str::parse::<usize>) {
+                Some(Ok(n)) if n < 4096 => Self::WgpuIndex(n),
+                _ => {
+                    return Err(format!(
+                        "{other:?} is not a device (auto, wgpu, wgpu:N, wgpu:cpu, cpu; \
+                         `wiretrain devices` lists the adapters)"
+                    ));
+                }
+            },
+        })
+    }
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Wgpu => f.write_str("wgpu"),
+            Self::WgpuIndex(n) => write!(f, "wgpu:{n}"),
+            Self::WgpuCpu => f.write_str("wgpu:cpu"),
+            Self::Cpu => f.write_str("cpu"),
+        }
+    }
+}
+
+/// Parses a comma-separated list: one spec for every local rank, or one per local rank.
+pub fn parse_specs(list: &str) -> Result<Vec<DeviceSpec>, String> {
+    list.split(',').map(|d| d.trim().parse()).collect()
+}
+
+/// The kind of an adapter, as its graphics API reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+pub enum AdapterKind {
+    DiscreteGpu,
+    IntegratedGpu,
+    VirtualGpu,
+    Other,
+    Cpu,
+}
+
+/// One adapter of the native graphics API.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Adapter {
+    /// Position in the enumeration: the N of `wgpu:N`.
+    pub index: usize,
+    pub name: String,
+    /// PCI vendor id (0x10de NVIDIA, 0x1002 AMD, 0x8086 Intel, ...).
+    pub vendor_id: u32,
+    pub kind: AdapterKind,
+    /// Graphics API ("Vulkan", "Dx12", "Metal").
+    pub api: String,
+    /// The n-th adapter of its kind on this API: what Burn's `DeviceKind::DiscreteGpu(n)` (and
+    /// the other indexed kinds) selects.
+    pub kind_index: usize,
+    /// Device memory in bytes where the OS tells (Linux amdgpu sysfs); wgpu itself does not.
+    pub memory_bytes: Option<u64>,
+    pub pci_bus_id: String,
+}
+
+impl Adapter {
+    /// A GPU (anything the API does not call a CPU).
+    pub fn is_hardware(&self) -> bool {
+        self.kind != AdapterKind::Cpu
+    }
+
+    /// The vendor's name, from the PCI vendor id.
+    pub fn vendor(&self) -> &'static str {
+        match self.vendor_id {
+            0x10de => "NVIDIA",
+            0x1002 | 0x1022 => "AMD",
+            0x8086 => "Intel",
+            0x106b => "Apple",
+            0x13b5 => "ARM",
+            0x5143 => "Qualcomm",
+            0x1414 => "Microsoft",
+            0x10005 => "Mesa",
+            _ => "other",
+        }
+    }
+
+    /// Burn's selector for this adapter.
+    pub fn device_kind(&self) -> DeviceKind {
+        match self.kind {
+            AdapterKind::DiscreteGpu => DeviceKind::DiscreteGpu(self.kind_index),
+            AdapterKind::IntegratedGpu => DeviceKind::IntegratedGpu(self.kind_index),
+            AdapterKind::VirtualGpu => DeviceKind::VirtualGpu(self.kind_index),
+            AdapterKind::Other => DeviceKind::DefaultDevice,
+            AdapterKind::Cpu => DeviceKind::Cpu,
+        }
+    }
+
+    /// "wgpu:0 NVIDIA H200 (DiscreteGpu, Vulkan)".
+    pub fn describe(&self) -> String {
+        format!(
+            "wgpu:{} {} ({:?}, {})",
+            self.index, self.name, self.kind, self.api
+        )
+    }
+}
+
+/// What a local rank trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assigned {
+    /// Adapter `index` of the enumeration.
+    Adapter(usize),
+    /// Burn's CPU backend.
+    Cpu,
+}
+
+/// Why the ranks of a node cannot get their devices.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    #[error("{given} device specs for {ranks} local ranks (give one, or one per local rank)")]
+    SpecCount { given: usize, ranks: usize },
+    #[error(
+        "{ranks} local ranks ask for a GPU adapter each, but this machine has {have}: {found}; \
+         run fewer ranks per node, or pass --share-device to put several ranks on one adapter"
+    )]
+    TooManyRanks {
+        ranks: usize,
+        have: usize,
+        found: String,
+    },
+    #[error(
+        "no GPU adapter found ({found}); use --device wgpu:cpu (software Vulkan) or --device cpu"
+    )]
+    NoHardware { found: String },
+    #[error(
+        "no software Vulkan adapter found ({found}); apt-get install mesa-vulkan-drivers gives \
+         lavapipe, or use --device cpu"
+    )]
+    NoSoftware { found: String },
+    #[error("wgpu:{index}: there is no adapter {index} ({found})")]
+    NoSuchAdapter { index: usize, found: String },
+    #[error(
+        "local ranks {first} and {second} would share adapter {adapter}; give each rank its own \
+         (wgpu:N) or pass --share-device"
+    )]
+    Shared {
+        first: usize,
+        second: usize,
+        adapter: String,
+    },
+}
+
+/// "wgpu:0 A (DiscreteGpu, Vulkan), wgpu:1 B (Cpu, Vulkan)", or "none".
+pub fn found(adapters: &[Adapter]) -> String {
+    if adapters.is_empty() {
+        return "no wgpu adapter at all".into();
+    }
+    adapters
+        .iter()
+        .map(Adapter::describe)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Maps `specs` (one for all, or one per local rank) to a device per local rank. Pure: the
+/// same adapters and specs always give the same answer.
+pub fn assign(
+    specs: &[DeviceSpec],
+    ranks: usize,
+    adapters: &[Adapter],
+    share: bool,
+) -> Result<Vec<Assigned>, DeviceError> {
+    if specs.is_empty() || (specs.len() != 1 && specs.len() != ranks) {
+        return Err(DeviceError::SpecCount {
+            given: specs.len(),
+            ranks,
+        });
+    }
+    let spec = |i: usize| specs[if specs.len() == 1 { 0 } else { i }];
+    // Hardware adapters in preference order (discrete first; the API's order within a kind).
+    let mut hardware: Vec<&Adapter> = adapters.iter().filter(|a| a.is_hardware()).collect();
+    hardware.sort_by_key(|a| a.kind);
+    let explicit: Vec<usize> = (0..ranks)
+        .filter_map(|i| match spec(i) {
+            DeviceSpec::WgpuIndex(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    // Adapters left for ranks that ask for "a GPU": those no rank names explicitly.
+    let free: Vec<usize> = hardware
+        .iter()
+        .map(|a| a.index)
+        .filter(|i| !explicit.contains(i))
+        .collect();
+    let implicit = (0..ranks)
+        .filter(|&i| {
+            matches!(spec(i), DeviceSpec::Wgpu)
+                || (spec(i) == DeviceSpec::Auto && !hardware.is_empty())
+        })
+        .count();
+    if implicit > 0 && hardware.is_empty() {
+        return Err(DeviceError::NoHardware {
+            found: found(adapters),
+        });
+    }
+    if implicit > free.len() && !share {
+        return Err(DeviceError::TooManyRanks {
+            ranks: implicit,
+            have: free.len(),
+            found: found(adapters),
+        });
+    }
+    let pool: Vec<usize> = if free.is_empty() {
+        hardware.iter().map(|a| a.index).collect()
+    } else {
+        free
+    };
+    let mut next = 0;
+    let mut out = Vec::with_capacity(ranks);
+    for i in 0..ranks {
+        out.push(match spec(i) {
+            DeviceSpec::Cpu => Assigned::Cpu,
+            DeviceSpec::Auto if hardware.is_empty() => Assigned::Cpu,
+            DeviceSpec::Auto | DeviceSpec::Wgpu => {
+                next += 1;
+                Assigned::Adapter(pool[(next - 1) % pool.len()])
+            }
+            DeviceSpec::WgpuCpu => match adapters.iter().find(|a| !a.is_hardware()) {
+                Some(a) => Assigned::Adapter(a.index),
+                None => {
+                    return Err(DeviceError::NoSoftware {
+                        found: found(adapters),
+                    });
+                }
+            },
+            DeviceSpec::WgpuIndex(n) => match adapters.iter().find(|a| a.index == n) {
+                Some(a) => Assigned::Adapter(a.index),
+                None => {
+                    return Err(DeviceError::NoSuchAdapter {
+                        index: n,
+                        found: found(adapters),
+                    });
+                }
+            },
+        });
+    }
+    if !share {
+        for (second, b) in out.iter().enumerate() {
+            let Assigned::Adapter(n) = *b else { continue };
+            let a = adapters.iter().find(|a| a.index == n).expect("assigned");
+            if !a.is_hardware() {
+                continue;
+            }
+            if let Some(first) = out[..second].iter().position(|x| *x == *b) {
+                return Err(DeviceError::Shared {
+                    first,
+                    second,
+                    adapter: a.describe(),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The graphics APIs to try, in order. Pinning one keeps wgpu from falling back to GL.
+pub fn native_apis() -> &'static [WgpuBackend] {
+    // Metal is the only native API on macOS (Vulkan there is MoltenVK, a translation layer).
+    #[cfg(target_os = "macos")]
+    return &[WgpuBackend::Metal];
+    // Windows: every Windows 10+ machine has DX12; Vulkan only where a GPU vendor's driver
+    // installed it, so it is the second choice.
+    #[cfg(windows)]
+    return &[WgpuBackend::Dx12, WgpuBackend::Vulkan];
+    // Linux, BSDs: Vulkan (Mesa's lavapipe on CPU-only machines).
+    #[cfg(not(any(target_os = "macos", windows)))]
+    return &[WgpuBackend::Vulkan];
+}
+
+fn wgpu_backend(api: WgpuBackend) -> Option<wgpu::Backend> {
+    match api {
+        WgpuBackend::Vulkan => Some(wgpu::Backend::Vulkan),
+        WgpuBackend::Metal => Some(wgpu::Backend::Metal),
+        WgpuBackend::Dx12 => Some(wgpu::Backend::Dx12),
+        _ => None,
+    }
+}
+
+/// The adapters one graphics API reports, in its enumeration order, with the per-kind index
+/// Burn selects them by.
+pub fn enumerate_api(api: WgpuBackend) -> Vec<Adapter> {
+    let Some(backend) = wgpu_backend(api) else {
+        return Vec::new();
+    };
+    let inst = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: backend.into(),
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    let infos: Vec<wgpu::AdapterInfo> =
+        burn::tensor::read_sync(inst.enumerate_adapters(backend.into()))
+            .iter()
+            .map(wgpu::Adapter::get_info)
+            .collect();
+    from_infos(&infos, &format!("{api:?}"))
+}
+
+/// Numbers adapter infos as Burn counts them: every kind from zero on its own.
+fn from_infos(infos: &[wgpu::AdapterInfo], api: &str) -> Vec<Adapter> {
+    let mut counts = [0usize; 5];
+    infos
+        .iter()
+        .enumerate()
+        .map(|(index, i)| {
+            let kind = match i.device_type {
+                wgpu::DeviceType::DiscreteGpu => AdapterKind::DiscreteGpu,
+                wgpu::DeviceType::IntegratedGpu => AdapterKind::IntegratedGpu,
+                wgpu::DeviceType::VirtualGpu => AdapterKind::VirtualGpu,
+                wgpu::DeviceType::Cpu => AdapterKind::Cpu,
+                wgpu::DeviceType::Other => AdapterKind::Other,
+            };
+            let kind_index = counts[kind as usize];
+            counts[kind as usize] += 1;
+            Adapter {
+                index,
+                name: i.name.clone(),
+                vendor_id: i.vendor,
+                kind,
+                api: api.to_string(),
+                kind_index,
+                memory_bytes: vram_bytes(&i.device_pci_bus_id),
+                pci_bus_id: i.device_pci_bus_id.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Device memory from Linux sysfs (amdgpu publishes it; other drivers do not).
+fn vram_bytes(pci_bus_id: &str) -> Option<u64> {
+    if pci_bus_id.is_empty() || !cfg!(target_os = "linux") {
+        return None;
+    }
+    let p = format!("/sys/bus/pci/devices/{pci_bus_id}/mem_info_vram_total");
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+/// The `wgpu:N` index space: the adapters of the first native API that has any, and that API.
+pub fn enumerate() -> (Option<WgpuBackend>, Vec<Adapter>) {
+    for &api in native_apis() {
+        let a = enumerate_api(api);
+        if !a.is_empty() {
+            return (Some(api), a);
+        }
+    }
+    (None, Vec::new())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(kinds: &[AdapterKind]) -> Vec<Adapter> {
+        let mut counts = [0usize; 5];
+        kinds
+            .iter()
+            .enumerate()
+            .map(|(index, &kind)| {
+                let kind_index = counts[kind as usize];
+                counts[kind as usize] += 1;
+                Adapter {
+                    index,
+                    name: format!("card{index}"),
+                    vendor_id: 0x10de,
+                    kind,
+                    api: "Vulkan".into(),
+                    kind_index,
+                    memory_bytes: None,
+                    pci_bus_id: String::new(),
+                }
+            })
+            .collect()
+    }
+
+    use AdapterKind as K;
+    use Assigned as A;
+    use DeviceSpec as S;
+
+    #[test]
+    fn each_local_rank_gets_its_own_gpu_discrete_first() {
+        let a = fake(&[
+            K::IntegratedGpu,
+            K::Cpu,
+            K::DiscreteGpu,
+            K::DiscreteGpu,
+            K::DiscreteGpu,
+            K::DiscreteGpu,
+        ]);
+        let got = assign(&[S::Wgpu], 4, &a, false).unwrap();
+        assert_eq!(
+            got,
+            vec![A::Adapter(2), A::Adapter(3), A::Adapter(4), A::Adapter(5)]
+        );
+        // Burn selects them as the 0th..3rd discrete GPU.
+        let kinds: Vec<_> = got
+            .iter()
+            .map(|g| match g {
+                A::Adapter(n) => a[*n].device_kind(),
+                A::Cpu => DeviceKind::Cpu,
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            (0..4).map(DeviceKind::DiscreteGpu).collect::<Vec<_>>()
+        );
+        // A fifth rank takes the integrated GPU; `auto` maps the same way.
+        let got = assign(&[S::Auto], 5, &a, false).unwrap();
+        assert_eq!(got[4], A::Adapter(0));
+        assert_eq!(a[0].device_kind(), DeviceKind::IntegratedGpu(0));
+    }
+
+    #[test]
+    fn more_ranks_than_gpus_is_refused_unless_shared() {
+        let a = fake(&[K::DiscreteGpu, K::DiscreteGpu, K::Cpu]);
+        let e = assign(&[S::Wgpu], 3, &a, false).unwrap_err();
+        assert!(matches!(
+            e,
+            DeviceError::TooManyRanks {
+                ranks: 3,
+                have: 2,
+                ..
+            }
+        ));
+        let msg = e.to_string();
+        assert!(
+            msg.contains("wgpu:0 card0") && msg.contains("--share-device"),
+            "{msg}"
+        );
+        let got = assign(&[S::Wgpu], 3, &a, true).unwrap();
+        assert_eq!(got, vec![A::Adapter(0), A::Adapter(1), A::Adapter(0)]);
+    }
+
+    #[test]
+    fn explicit_indices_are_kept_and_never_silently_shared() {
+        let a = fake(&[K::DiscreteGpu, K::DiscreteGpu, K::DiscreteGpu]);
+        let got = assign(&[S::Wgpu, S::WgpuIndex(0), S::Wgpu], 3, &a, false).unwrap();
+        assert_eq!(got, vec![A::Adapter(1), A::Adapter(0), A::Adapter(2)]);
+        let e = assign(&[S::WgpuIndex(1), S::WgpuIndex(1)], 2, &a, false).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DeviceError::Shared {
+                    first: 0,
+                    second: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(assign(&[S::WgpuIndex(1), S::WgpuIndex(1)], 2, &a, true).is_ok());
+        let e = assign(&[S::WgpuIndex(7)], 1, &a, false).unwrap_err();
+        assert!(
+            matches!(e, DeviceError::NoSuchAdapter { index: 7, .. }),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn cpu_machines_fall_back_or_refuse_by_spec() {
+        let lavapipe = fake(&[K::Cpu]);
+        assert_eq!(
+            assign(&[S::Auto], 2, &lavapipe, false).unwrap(),
+            vec![A::Cpu, A::Cpu]
+        );
+        assert_eq!(
+            assign(&[S::WgpuCpu], 2, &lavapipe, false).unwrap(),
+            vec![A::Adapter(0), A::Adapter(0)]
+        );
+        assert!(matches!(
+            assign(&[S::Wgpu], 1, &lavapipe, false),
+            Err(DeviceError::NoHardware { .. })
+        ));
+        assert!(matches!(
+            assign(&[S::WgpuCpu], 1, &[], false),
+            Err(DeviceError::NoSoftware { .. })
+        ));
+        assert_eq!(
+            assign(&[S::WgpuCpu, S::Cpu], 2, &lavapipe, false).unwrap(),
+            vec![A::Adapter(0), A::Cpu]
+        );
+        assert!(matches!(
+            assign(&[S::Cpu, S::Cpu, S::Cpu], 2, &lavapipe, false),
+            Err(DeviceError::SpecCount { given: 3, ranks: 2 })
+        ));
+    }
+
+    #[test]
+    fn specs_parse() {
+        assert_eq!(
+            parse_specs("wgpu:3, cpu,wgpu:cpu,auto,wgpu").unwrap(),
+            vec![S::WgpuIndex(3), S::Cpu, S::WgpuCpu, S::Auto, S::Wgpu]
+        );
+        for bad in ["gpu", "wgpu:x", "wgpu:-1", "cuda:0", ""] {
+            let e = bad.parse::<DeviceSpec>().unwrap_err();
+            assert!(e.contains("not a device"), "{bad}: {e}");
+        }
+        assert_eq!(S::WgpuIndex(2).to_string(), "wgpu:2");
+    }
+
+    #[test]
+    fn burn_counts_each_kind_from_zero() {
+        let infos: Vec<wgpu::AdapterInfo> = [
+            wgpu::DeviceType::DiscreteGpu,
+            wgpu::DeviceType::Cpu,
+            wgpu::DeviceType::DiscreteGpu,
+            wgpu::DeviceType::IntegratedGpu,
+        ]
+        .iter()
+        .map(|&t| wgpu::AdapterInfo {
+            name: "x".into(),
+            vendor: 0x1002,
+            device: 0,
+            device_type: t,
+            device_pci_bus_id: String::new(),
+            driver: String::new(),
+            driver_info: String::new(),
+            backend: wgpu::Backend::Vulkan,
+            subgroup_min_size: 0,
+            subgroup_max_size: 0,
+            transient_saves_memory: None,
+            limit_bucket: None,
+        })
+        .collect();
+        let a = from_infos(&infos, "Vulkan");
+        assert_eq!(
+            a.iter().map(Adapter::device_kind).collect::<Vec<_>>(),
+            vec![
+                DeviceKind::DiscreteGpu(0),
+                DeviceKind::Cpu,
+                DeviceKind::DiscreteGpu(1),
+                DeviceKind::IntegratedGpu(0)
+            ]
+        );
+        assert_eq!(a[0].vendor(), "AMD");
+    }
+}

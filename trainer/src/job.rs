@@ -1,0 +1,283 @@
+//! How a node finds its job: node count, node rank, the coordinator, ranks and devices per
+//! node, the token, timeouts and transport tuning. [`JobOptions::from_env`] reads what
+//! `wiretrain launch` sets (`WIRETRAIN_*`), and [`JobOptions::node_config`] falls back to
+//! torchrun's (`MASTER_ADDR`, `NNODES`, `NODE_RANK`, ...) and Slurm's variables. The
+//! `wiretrain` binary's node flags fill the same struct, so every program resolves a job one way.
+
+use crate::device::DeviceSpec;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use wiretrain_comm::NodeConfig;
+use wiretrain_comm::config::{EnvRendezvous, resolve};
+use wiretrain_comm::tls::Token;
+
+/// The variables `wiretrain launch` sets for the programs it starts (and `run` reads).
+pub mod env {
+    pub const NNODES: &str = "WIRETRAIN_NNODES";
+    pub const NODE_RANK: &str = "WIRETRAIN_NODE_RANK";
+    pub const MASTER: &str = "WIRETRAIN_MASTER";
+    pub const BIND: &str = "WIRETRAIN_BIND";
+    pub const RANKS_PER_NODE: &str = "WIRETRAIN_RANKS_PER_NODE";
+    pub const DEVICE: &str = "WIRETRAIN_DEVICE";
+    pub const SHARE_DEVICE: &str = "WIRETRAIN_SHARE_DEVICE";
+    pub const ADDR_FILE: &str = "WIRETRAIN_ADDR_FILE";
+    pub const TOKEN: &str = "WIRETRAIN_TOKEN";
+    pub const TOKEN_FILE: &str = "WIRETRAIN_TOKEN_FILE";
+}
+
+/// A job setting that cannot be used; the message names the setting and how to fix it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct JobError(pub String);
+
+/// Everything a node needs to join its job. Unset fields take the defaults shown.
+#[derive(Debug, Clone)]
+pub struct JobOptions {
+    /// Node processes in the job (default: torchrun/Slurm environment, else 1).
+    pub nnodes: Option<usize>,
+    /// This node's rank; 0 hosts the coordinator.
+    pub node_rank: Option<usize>,
+    /// Coordinator address host:port.
+    pub master: Option<String>,
+    /// Local address to bind.
+    pub bind: Option<SocketAddr>,
+    /// Ranks (threads, one device each) on this node (default 1).
+    pub ranks_per_node: Option<usize>,
+    /// Device spec(s): one for every local rank or one per local rank (default `auto`).
+    pub devices: Vec<DeviceSpec>,
+    /// Allow several ranks of a node on one GPU adapter.
+    pub share_device: bool,
+    /// File holding the job token (else WIRETRAIN_TOKEN; single-node jobs make one up).
+    pub token_file: Option<PathBuf>,
+    pub rendezvous_timeout: Duration,
+    pub collective_timeout: Duration,
+    /// Seconds of silence after which a peer node is declared dead.
+    pub idle_timeout: Duration,
+    pub mtu: Option<u16>,
+    pub frame_bytes: Option<usize>,
+    pub net_threads: usize,
+    /// cubic, bbr or newreno.
+    pub congestion: String,
+    /// Node 0 writes its bound address here (local launchers).
+    pub addr_file: Option<PathBuf>,
+    pub protocol_version_override: Option<u32>,
+}
+
+impl Default for JobOptions {
+    fn default() -> Self {
+        Self {
+            nnodes: None,
+            node_rank: None,
+            master: None,
+            bind: None,
+            ranks_per_node: None,
+            devices: vec![DeviceSpec::Auto],
+            share_device: false,
+            token_file: None,
+            rendezvous_timeout: Duration::from_secs(60),
+            collective_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(10),
+            mtu: None,
+            frame_bytes: None,
+            net_threads: 2,
+            congestion: "cubic".into(),
+            addr_file: None,
+            protocol_version_override: None,
+        }
+    }
+}
+
+fn parse<T: std::str::FromStr>(var: &str, v: &str) -> Result<T, JobError>
+where
+    T::Err: std::fmt::Display,
+{
+    v.trim()
+        .parse()
+        .map_err(|e| JobError(format!("{var}={v:?}: {e}")))
+}
+
+impl JobOptions {
+    /// The defaults, overridden by the `WIRETRAIN_*` variables that are set.
+    pub fn from_env() -> Result<Self, JobError> {
+        Self::from_vars(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// [`Self::from_env`] over any variable source (tests).
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self, JobError> {
+        let mut o = Self::default();
+        if let Some(v) = get(env::NNODES) {
+            o.nnodes = Some(parse(env::NNODES, &v)?);
+        }
+        if let Some(v) = get(env::NODE_RANK) {
+            o.node_rank = Some(parse(env::NODE_RANK, &v)?);
+        }
+        o.master = get(env::MASTER);
+        if let Some(v) = get(env::BIND) {
+            o.bind = Some(parse(env::BIND, &v)?);
+        }
+        if let Some(v) = get(env::RANKS_PER_NODE) {
+            o.ranks_per_node = Some(parse(env::RANKS_PER_NODE, &v)?);
+        }
+        if let Some(v) = get(env::DEVICE) {
+            o.devices = crate::device::parse_specs(&v)
+                .map_err(|e| JobError(format!("{}: {e}", env::DEVICE)))?;
+        }
+        if let Some(v) = get(env::SHARE_DEVICE) {
+            o.share_device = matches!(v.trim(), "1" | "true" | "yes");
+        }
+        o.addr_file = get(env::ADDR_FILE).map(PathBuf::from);
+        o.token_file = get(env::TOKEN_FILE).map(PathBuf::from);
+        Ok(o)
+    }
+
+    /// Ranks on this node.
+    pub fn ranks(&self) -> usize {
+        self.ranks_per_node.unwrap_or(1)
+    }
+
+    /// The node configuration: these options, then torchrun's or Slurm's variables for what
+    /// they leave open; the token from WIRETRAIN_TOKEN or the token file.
+    pub fn node_config(&self) -> Result<NodeConfig, JobError> {
+        let e = |what: &str, err: &dyn std::fmt::Display| JobError(format!("{what}: {err}"));
+        let (nnodes, node_rank, master) = match &self.master {
+            Some(m) => {
+                let nnodes = self.nnodes.ok_or_else(|| {
+                    JobError("--nnodes is required with --master (or WIRETRAIN_NNODES)".into())
+                })?;
+                let addr = resolve(m).map_err(|err| e(&format!("--master {m}"), &err))?;
+                (nnodes, self.node_rank, addr)
+            }
+            None => match EnvRendezvous::from_env(|k| std::env::var(k).ok())
+                .map_err(|err| e("reading the rendezvous environment", &err))?
+            {
+                Some(env) => {
+                    tracing::info!(source = env.source, "rendezvous from environment");
+                    let addr = env
+                        .master_addr()
+                        .map_err(|err| e("the rendezvous environment", &err))?;
+                    (
+                        self.nnodes.unwrap_or(env.nnodes),
+                        Some(self.node_rank.unwrap_or(env.node_rank)),
+                        addr,
+                    )
+                }
+                None => {
+                    let n = self.nnodes.unwrap_or(1);
+                    if n != 1 {
+                        return Err(JobError(format!(
+                            "--nnodes {n} needs --master host:port (or MASTER_ADDR / Slurm environment)"
+                        )));
+                    }
+                    (1, Some(0), "127.0.0.1:0".parse().expect("static address"))
+                }
+            },
+        };
+        let token = match (
+            std::env::var(env::TOKEN).ok().filter(|t| !t.is_empty()),
+            &self.token_file,
+        ) {
+            (Some(t), _) => Token::from(t),
+            (None, Some(p)) => {
+                let t = std::fs::read_to_string(p)
+                    .map_err(|err| e(&format!("--token-file {}", p.display()), &err))?;
+                let t = t.trim();
+                if t.is_empty() {
+                    return Err(JobError(format!(
+                        "--token-file {}: the file is empty",
+                        p.display()
+                    )));
+                }
+                Token::from(t)
+            }
+            (None, None) if nnodes == 1 => Token::generate(),
+            (None, None) => {
+                return Err(JobError(
+                    "a multi-node job needs a shared secret: set WIRETRAIN_TOKEN or pass --token-file on every node".into(),
+                ));
+            }
+        };
+        let mut cfg = NodeConfig::new(nnodes, node_rank, master, self.ranks(), token)
+            .map_err(|err| e("node configuration", &err))?;
+        if let Some(b) = self.bind {
+            cfg.bind(b);
+        }
+        if let Some(p) = &self.addr_file {
+            cfg.addr_file(p.clone());
+        }
+        cfg.rendezvous_timeout(self.rendezvous_timeout)
+            .collective_timeout(self.collective_timeout);
+        cfg.quic()
+            .idle_timeout(self.idle_timeout)
+            .map_err(|err| e("--idle-timeout", &err))?;
+        cfg.quic()
+            .net_threads(self.net_threads)
+            .map_err(|err| e("--net-threads", &err))?;
+        cfg.quic().congestion(
+            self.congestion
+                .parse()
+                .map_err(|err| e("--congestion", &err))?,
+        );
+        if let Some(m) = self.mtu {
+            cfg.quic()
+                .mtu_upper_bound(m)
+                .map_err(|err| e("--mtu", &err))?;
+        }
+        if let Some(f) = self.frame_bytes {
+            cfg.quic()
+                .frame_bytes(f)
+                .map_err(|err| e("--frame-bytes", &err))?;
+        }
+        if let Some(v) = self.protocol_version_override {
+            cfg.protocol_version_override(v);
+        }
+        Ok(cfg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn launch_variables_fill_the_options() {
+        let vars = [
+            (env::NNODES, "2"),
+            (env::NODE_RANK, "1"),
+            (env::MASTER, "127.0.0.1:29500"),
+            (env::RANKS_PER_NODE, "3"),
+            (env::DEVICE, "cpu,wgpu:1,wgpu"),
+            (env::SHARE_DEVICE, "1"),
+            (env::BIND, "127.0.0.2:0"),
+        ];
+        let get = |k: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == k)
+                .map(|(_, v)| v.to_string())
+        };
+        let o = JobOptions::from_vars(get).unwrap();
+        assert_eq!((o.nnodes, o.node_rank, o.ranks()), (Some(2), Some(1), 3));
+        assert_eq!(o.master.as_deref(), Some("127.0.0.1:29500"));
+        assert_eq!(
+            o.devices,
+            vec![DeviceSpec::Cpu, DeviceSpec::WgpuIndex(1), DeviceSpec::Wgpu]
+        );
+        assert!(o.share_device);
+        assert_eq!(o.bind, Some("127.0.0.2:0".parse().unwrap()));
+    }
+
+    #[test]
+    fn bad_variables_name_themselves() {
+        let e = JobOptions::from_vars(|k| (k == env::NNODES).then(|| "two".to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("WIRETRAIN_NNODES=\"two\""), "{e}");
+        let e = JobOptions::from_vars(|k| (k == env::DEVICE).then(|| "gpu0".to_string()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("WIRETRAIN_DEVICE") && e.contains("not a device"),
+            "{e}"
+        );
+    }
+}
