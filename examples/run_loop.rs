@@ -31,11 +31,14 @@ struct Regressor {
 
 impl Regressor {
     fn new(device: &Device) -> Self {
-        Self {
+        let m = Self {
             l1: LinearConfig::new(8, 32).init(device),
             act: Relu::new(),
             l2: LinearConfig::new(32, 1).init(device),
-        }
+        };
+        // Seeded values: the same start whatever the world size (wiretrain also starts every
+        // rank from rank 0's parameters).
+        wiretrain::flat::init_deterministic(m, 3)
     }
 
     /// Mean squared error on the samples `idx`.

@@ -217,7 +217,7 @@ fn grad_vec(grads: &mut GradientsParams, e: &FlatEntry, take: bool) -> Option<Ve
 /// Fills every float parameter with values from a seeded generator, so a model starts
 /// identically on every device kind: uniform in ±1/sqrt(fan_in) (fan_in = first dimension of
 /// a matrix; 1-D parameters use their length). A parameter Burn initialised to a constant
-/// (a norm's gain of ones, a bias of zeros) keeps that constant.
+/// (a norm's gain of ones, a bias of zeros; two elements or more) keeps that constant.
 pub fn init_deterministic<M: Module>(module: M, seed: u64) -> M {
     struct Init {
         rng: rand::rngs::StdRng,
@@ -237,7 +237,8 @@ pub fn init_deterministic<M: Module>(module: M, seed: u64) -> M {
                 .val()
                 .try_into_vec_as::<f32>()
                 .expect("parameter reads back as f32");
-            if current.windows(2).all(|w| w[0] == w[1]) {
+            // (One element says nothing: a 1-output layer's random bias is drawn too.)
+            if n > 1 && current.windows(2).all(|w| w[0] == w[1]) {
                 return param;
             }
             param.map(|t| replace_values(t, vals, shape))
