@@ -143,6 +143,11 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
             code,
         }
         .into()),
+        Err(LaunchError::EarlyExit(st)) => Err(NodeFailed {
+            message: format!("node 0 exited before listening ({st})"),
+            code: exit_code(st),
+        }
+        .into()),
         Err(e) => Err(anyhow::Error::new(e).context("launch")),
     }
 }
