@@ -260,19 +260,6 @@ fn hybrid_and_hsdp_checkpoints_resume_on_other_shapes() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// The node process of `launcher` that runs `--node-rank n`.
-fn node_pid(launcher: u32, n: usize) -> Option<u32> {
-    let kids =
-        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
-    let pat = format!("--node-rank\0{n}\0");
-    kids.split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .is_ok_and(|c| c.windows(pat.len()).any(|w| w == pat.as_bytes()))
-        })
-}
-
 #[test]
 fn kill_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_with_a_node_fewer() {
     let d = dir("kill");
@@ -301,7 +288,7 @@ fn kill_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_with_a_node
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let Some(victim) = node_pid(child.id(), 2) else {
+    let Some(victim) = common::node_pid(child.id(), 2) else {
         let _ = child.kill();
         let _ = child.wait();
         eprintln!("skipped: the launcher's children are not visible in /proc here");

@@ -12,19 +12,6 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-/// The example binary `cargo test` builds next to this test's directory.
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(p.exists(), "{} is built by `cargo test`", p.display());
-    p
-}
-
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wiretrain-launch-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -46,7 +33,7 @@ fn losses(m: &Path) -> (Vec<f64>, serde_json::Value) {
 }
 
 fn launch_loop(nodes: &str, ranks: &str, extra: &[&str], m: &Path) -> std::process::Output {
-    let ex = example("run-loop");
+    let ex = common::example("run-loop");
     let mut args = vec![
         "launch",
         "--local",
@@ -126,7 +113,7 @@ fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::
 
 #[test]
 fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
-    let ex = example("run-loop");
+    let ex = common::example("run-loop");
     let (mut child, rx) = spawn_timed(&[
         "launch",
         "--local",
@@ -153,6 +140,7 @@ fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
         .unwrap_or_else(|| panic!("no panic printed:\n{text}"))
         .1;
     let took = exited.duration_since(panicked);
+    eprintln!("every node exited {took:?} after the panic");
     assert!(
         took < Duration::from_secs(5),
         "{took:?} after the panic:\n{text}"
@@ -165,24 +153,11 @@ fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
     assert!(!text.contains("secret-test-token"), "{text}");
 }
 
-/// The launcher's child whose environment says it is node `n`.
-fn node_pid(launcher: u32, n: usize) -> Option<u32> {
-    let kids =
-        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
-    let pat = format!("WIRETRAIN_NODE_RANK={n}\0");
-    kids.split_whitespace()
-        .filter_map(|p| p.parse::<u32>().ok())
-        .find(|p| {
-            std::fs::read(format!("/proc/{p}/environ"))
-                .is_ok_and(|c| c.windows(pat.len()).any(|w| w == pat.as_bytes()))
-        })
-}
-
 #[test]
 fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
     let d = dir("kill");
     let m = d.join("m.jsonl");
-    let ex = example("run-loop");
+    let ex = common::example("run-loop");
     let (mut child, rx) = spawn_timed(&[
         "launch",
         "--local",
@@ -209,7 +184,7 @@ fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let victim = node_pid(child.id(), 1).expect("node 1 among the launcher's children");
+    let victim = common::node_pid(child.id(), 1).expect("node 1 among the launcher's children");
     // The token travels in the environment only: no process shows it in its arguments.
     for p in [child.id(), victim] {
         let cmd = std::fs::read(format!("/proc/{p}/cmdline")).unwrap();
@@ -228,6 +203,7 @@ fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
     );
     let st = wait_exit(&mut child, Duration::from_secs(90));
     let took = killed.elapsed();
+    eprintln!("the launcher exited {took:?} after kill -9 of node 1");
     let text: String = rx.iter().map(|(l, _)| format!("{l}\n")).collect();
     assert!(!st.success(), "{text}");
     // Within 30 s node 0 failed on its own (the launcher's 60 s grace was not needed).

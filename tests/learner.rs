@@ -9,18 +9,6 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-fn example(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("examples")
-        .join(name);
-    assert!(p.exists(), "{} is built by `cargo test`", p.display());
-    p
-}
-
 fn dir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wiretrain-learner-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -48,7 +36,7 @@ const EPOCHS: &str = "2";
 #[test]
 fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
     let d = dir("equal");
-    let ex = example("learner");
+    let ex = common::example("learner");
     let reference = d.join("reference");
     let out = std::process::Command::new(&ex)
         .args([
@@ -121,7 +109,7 @@ fn a_strategy_the_model_cannot_use_is_refused() {
             "--local",
             "1",
             "--",
-            example("learner").to_str().unwrap(),
+            common::example("learner").to_str().unwrap(),
             "--strategy",
             "zero3",
             "--whole",

@@ -90,3 +90,33 @@ pub fn refused(args: &[&str]) -> String {
     assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
+
+/// An example binary `cargo test` builds next to the test binaries.
+pub fn example(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe
+        .parent()
+        .and_then(std::path::Path::parent)
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(p.exists(), "{} is built by `cargo test`", p.display());
+    p
+}
+
+/// The node process of `launcher` that is node `n` of its job: by its `--node-rank` flag
+/// (this binary's subcommands) or its `WIRETRAIN_NODE_RANK` variable (any program).
+pub fn node_pid(launcher: u32, n: usize) -> Option<u32> {
+    let kids =
+        std::fs::read_to_string(format!("/proc/{launcher}/task/{launcher}/children")).ok()?;
+    let flag = format!("--node-rank\0{n}\0");
+    let var = format!("WIRETRAIN_NODE_RANK={n}\0");
+    let has = |file: String, pat: &str| {
+        std::fs::read(file).is_ok_and(|c| c.windows(pat.len()).any(|w| w == pat.as_bytes()))
+    };
+    kids.split_whitespace()
+        .filter_map(|p| p.parse::<u32>().ok())
+        .find(|p| {
+            has(format!("/proc/{p}/cmdline"), &flag) || has(format!("/proc/{p}/environ"), &var)
+        })
+}

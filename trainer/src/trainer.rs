@@ -408,15 +408,7 @@ impl<M: Module> Trainer<M> {
                 "accumulation needs at least one micro-batch".into(),
             ));
         }
-        if self.cfg.strategy.shards_params() {
-            return Err(TrainError::Config(
-                "zero3 and hsdp steps run unit by unit: use Trainer::step_units".into(),
-            ));
-        }
-        let t0 = Instant::now();
-        self.sent_at_start = self.pg.bytes_sent();
-        self.gather_wait = Duration::ZERO;
-        let model = self.model.take().expect("model present between steps");
+        let (t0, model) = self.begin_whole_step()?;
         let mut local_loss = 0.0f32;
         let mut acc = GradientsAccumulator::<M>::new();
         let mut single = None;
@@ -448,19 +440,25 @@ impl<M: Module> Trainer<M> {
         &mut self,
         grads_fn: impl FnOnce(&M) -> (GradientsParams, f32),
     ) -> Result<StepReport, TrainError> {
+        let (t0, model) = self.begin_whole_step()?;
+        let sp = span("forward+backward", "compute");
+        let (grads, local_loss) = grads_fn(&model);
+        drop(sp);
+        self.apply_grads(model, grads, 1.0, local_loss, t0)
+    }
+
+    /// The start of a whole-model step: refuses ZeRO-3/HSDP, resets the step's counters and
+    /// takes the model out for the forward and backward passes.
+    fn begin_whole_step(&mut self) -> Result<(Instant, M), TrainError> {
         if self.cfg.strategy.shards_params() {
             return Err(TrainError::Config(
                 "zero3 and hsdp steps run unit by unit: use Trainer::step_units".into(),
             ));
         }
-        let t0 = Instant::now();
         self.sent_at_start = self.pg.bytes_sent();
         self.gather_wait = Duration::ZERO;
         let model = self.model.take().expect("model present between steps");
-        let sp = span("forward+backward", "compute");
-        let (grads, local_loss) = grads_fn(&model);
-        drop(sp);
-        self.apply_grads(model, grads, 1.0, local_loss, t0)
+        Ok((Instant::now(), model))
     }
 
     /// Sets the learning rate of the following steps (e.g. from a scheduler).

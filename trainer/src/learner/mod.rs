@@ -352,6 +352,13 @@ where
         return (learner.model(), events);
     };
     let (rank, world) = (pg.rank(), pg.world());
+    if tc.grad_accumulation.is_some_and(|n| n > 1) {
+        let msg = "grads_accumulation is not available through the wiretrain strategy yet \
+                   (raise the batch size or the world size instead)";
+        pg.abort(msg);
+        interrupter.fail(failure(rank, msg.into()));
+        return (learner.model(), events);
+    }
     learner.fork(&s.device);
     let per = dataloader_train.num_items() / world;
     let train = dataloader_train
