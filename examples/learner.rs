@@ -12,7 +12,8 @@
 //! `--whole` trains it as a whole module, which they refuse), `--epochs N` (3), `--batch B` per
 //! rank (16),
 //! `--out DIR` (Burn's logs of rank 0: `DIR/train/epoch-N/Loss.log`), `--checkpoints`
-//! (Burn's checkpointer on rank 0), `--device SPEC`, and `--reference W`: one process, Burn's
+//! (Burn's checkpointer on rank 0), `--sharded DIR` (wiretrain's sharded checkpoint every
+//! epoch; `--resume` continues from it, on any world size), `--device SPEC`, and `--reference W`: one process, Burn's
 //! own single-device training on the global batches of a W-rank run (batch W·B), for
 //! comparing losses step by step.
 
@@ -277,6 +278,8 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         WiretrainStrategy::check(&cfg).map_err(|e| bad(format!("--strategy {strategy}: {e}")))?;
     }
     let checkpoints = args.iter().any(|a| a == "--checkpoints");
+    let sharded = flag(args, "--sharded").map(std::path::PathBuf::from);
+    let resume = args.iter().any(|a| a == "--resume");
     let results = wiretrain::run(job, move |ctx| {
         let rank = ctx.rank();
         let device = ctx.device();
@@ -284,17 +287,21 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
             .batch_size(batch)
             .build(InMemDataset::new(spirals(TRAIN, 0)));
         let strategy: TrainingStrategy<Net> = if whole {
-            let s = WiretrainStrategy::new(ctx.pg, device.clone(), cfg.clone());
-            TrainingStrategy::Custom(Arc::new(
-                s.map_err(|e| e.to_string())?
-                    .with_stop_flag(ctx.stop.clone()),
-            ))
+            let mut s = WiretrainStrategy::new(ctx.pg, device.clone(), cfg.clone())
+                .map_err(|e| e.to_string())?
+                .with_stop_flag(ctx.stop.clone());
+            if let Some(d) = &sharded {
+                s = s.sharded_checkpoints(d, 2, resume);
+            }
+            TrainingStrategy::Custom(Arc::new(s))
         } else {
-            let s = WiretrainStrategy::units(ctx.pg, device.clone(), cfg.clone());
-            TrainingStrategy::Custom(Arc::new(
-                s.map_err(|e| e.to_string())?
-                    .with_stop_flag(ctx.stop.clone()),
-            ))
+            let mut s = WiretrainStrategy::units(ctx.pg, device.clone(), cfg.clone())
+                .map_err(|e| e.to_string())?
+                .with_stop_flag(ctx.stop.clone());
+            if let Some(d) = &sharded {
+                s = s.sharded_checkpoints(d, 2, resume);
+            }
+            TrainingStrategy::Custom(Arc::new(s))
         };
         // Rank 0 renders and logs; the others stay silent and write nothing.
         let dir = if rank == 0 {

@@ -98,6 +98,58 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
             );
         }
     }
+    // wiretrain's sharded checkpoint after epoch 1 of a zero2 run, resumed under zero3 (other
+    // shards: buckets become units): epoch 2 continues the uninterrupted curve, optimizer
+    // state included.
+    let ck = d.join("ck");
+    let sharded = |strategy: &str, epochs: &str, o: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "launch",
+            "--local",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--",
+            ex.to_str().unwrap(),
+            "--strategy",
+            strategy,
+            "--epochs",
+            epochs,
+            "--batch",
+            "16",
+            "--device",
+            "cpu",
+            "--sharded",
+            ck.to_str().unwrap(),
+            "--out",
+            o.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let run = common::run(&args, &[], Duration::from_secs(600));
+        assert!(run.status.success(), "{}", common::text(&run));
+    };
+    sharded("zero2", "1", &d.join("first"), &[]);
+    let o = d.join("resumed");
+    sharded("zero3", EPOCHS, &o, &["--resume"]);
+    let p = o.join("train/epoch-2/Loss.log");
+    let got: Vec<f64> = std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+        .lines()
+        .filter(|l| !l.ends_with(",final"))
+        .map(|l| l.split(',').next().unwrap().parse().unwrap())
+        .collect();
+    assert!(
+        !o.join("train/epoch-1").exists(),
+        "epoch 1 came from the checkpoint"
+    );
+    let worst = want[24..]
+        .iter()
+        .zip(&got)
+        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
+        .fold(0.0, f64::max);
+    eprintln!("resumed 1x2 zero3 from a 2x2 zero2 checkpoint: worst relative difference {worst:e}");
+    assert_eq!(got.len(), 24);
+    assert!(worst <= 1e-5, "{:?}\nvs\n{got:?}", &want[24..]);
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -120,4 +172,75 @@ fn a_strategy_the_model_cannot_use_is_refused() {
     let text = String::from_utf8_lossy(&out.stderr).into_owned();
     assert_eq!(out.status.code(), Some(2), "{}", common::text(&out));
     assert!(text.contains("needs a model cut into units"), "{text}");
+}
+
+/// Ctrl-C at the launcher reaches every rank's strategy: all ranks leave the Learner after the
+/// same step (the stop travels with the step's loss reduction) and the job exits 130.
+#[test]
+fn ctrl_c_stops_every_learner_rank_after_the_same_step() {
+    use std::process::{Command, Stdio};
+    use std::time::Instant;
+    let d = dir("stop");
+    let o = d.join("out");
+    let mut child = Command::new(common::bin())
+        .args([
+            "launch",
+            "--local",
+            "2",
+            "--ranks-per-node",
+            "2",
+            "--",
+            common::example("learner").to_str().unwrap(),
+            "--epochs",
+            "100000",
+            "--device",
+            "cpu",
+            "--out",
+            o.to_str().unwrap(),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let log = o.join("train/epoch-1/Loss.log");
+    let t0 = Instant::now();
+    while std::fs::read_to_string(&log).map_or(0, |s| s.lines().count()) < 3 {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
+        assert!(t0.elapsed() < Duration::from_secs(120), "no steps in 120 s");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let t1 = Instant::now();
+    let st = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t1.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("no clean stop within 60 s of the signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    use std::io::Read;
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    assert_eq!(st.code(), Some(130), "{err}");
+    assert_eq!(
+        err.matches("every rank stopped after the same step")
+            .count(),
+        2,
+        "both nodes report the agreed stop: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }
