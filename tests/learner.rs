@@ -147,7 +147,7 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
         .zip(&got)
         .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
         .fold(0.0, f64::max);
-    eprintln!("resumed 1x2 zero3 from a 2x2 zero2 checkpoint: worst relative difference {worst:e}");
+    eprintln!("resumed 2x2 zero3 from a 2x2 zero2 checkpoint: worst relative difference {worst:e}");
     assert_eq!(got.len(), 24);
     assert!(worst <= 1e-5, "{:?}\nvs\n{got:?}", &want[24..]);
     let _ = std::fs::remove_dir_all(&d);
