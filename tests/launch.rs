@@ -271,3 +271,66 @@ fn devices_lists_adapters_and_the_mapping_of_local_ranks() {
         "{text}"
     );
 }
+
+/// The multi-machine form, each node started by its own `wiretrain launch --nnodes 2
+/// --node-rank R --master HOST:PORT`, here both on loopback: the program trains as one job.
+#[test]
+fn launch_per_machine_with_master_and_node_rank() {
+    let d = dir("per-machine");
+    let m = d.join("m.jsonl");
+    // A free UDP port for the coordinator.
+    let port = std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let master = format!("127.0.0.1:{port}");
+    let ex = common::example("run-loop");
+    let node = |r: usize, bind: &str| {
+        let mut c = Command::new(common::bin());
+        c.args([
+            "launch",
+            "--nnodes",
+            "2",
+            "--node-rank",
+            &r.to_string(),
+            "--master",
+            &master,
+            "--ranks-per-node",
+            "2",
+            "--",
+            ex.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--steps",
+            "10",
+        ])
+        .env("WIRETRAIN_TOKEN", "per-machine-test-token-0123456789abcdef")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+        if r == 0 {
+            c.arg("--metrics").arg(&m);
+        } else {
+            c.env("WIRETRAIN_BIND", bind);
+        }
+        c.spawn().unwrap()
+    };
+    let mut n0 = node(0, "");
+    let mut n1 = node(1, "127.0.0.2:0");
+    let (s0, s1) = (
+        wait_exit(&mut n0, Duration::from_secs(120)),
+        wait_exit(&mut n1, Duration::from_secs(120)),
+    );
+    let err = |c: &mut std::process::Child| {
+        let mut s = String::new();
+        use std::io::Read;
+        c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+        s
+    };
+    let (e0, e1) = (err(&mut n0), err(&mut n1));
+    assert!(s0.success() && s1.success(), "node 0:\n{e0}\nnode 1:\n{e1}");
+    let (steps, summary) = losses(&m);
+    assert_eq!(steps.len(), 10);
+    assert_eq!(summary["world"], 4, "{summary}");
+    let _ = std::fs::remove_dir_all(&d);
+}

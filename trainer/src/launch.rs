@@ -252,10 +252,12 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
             break s.trim().to_string();
         }
         if let Some(st) = children[0].try_wait()? {
+            let _ = std::fs::remove_dir_all(&dir);
             return Err(LaunchError::EarlyExit(st));
         }
         if t0.elapsed() > limit {
             let _ = children[0].kill();
+            let _ = std::fs::remove_dir_all(&dir);
             return Err(LaunchError::NoAddress(limit));
         }
         std::thread::sleep(Duration::from_millis(10));
@@ -267,6 +269,7 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
                 for c in &mut children {
                     let _ = c.kill();
                 }
+                let _ = std::fs::remove_dir_all(&dir);
                 return Err(e);
             }
         }
