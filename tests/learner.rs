@@ -18,16 +18,17 @@ fn dir(name: &str) -> PathBuf {
 
 /// Burn's per-iteration training losses of `epochs` epochs under `out`.
 fn burn_losses(out: &Path, epochs: usize) -> Vec<f64> {
-    (1..=epochs)
-        .flat_map(|e| {
-            let p = out.join(format!("train/epoch-{e}/Loss.log"));
-            let text =
-                std::fs::read_to_string(&p).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
-            text.lines()
-                .filter(|l| !l.ends_with(",final"))
-                .map(|l| l.split(',').next().unwrap().parse::<f64>().unwrap())
-                .collect::<Vec<_>>()
-        })
+    (1..=epochs).flat_map(|e| epoch_losses(out, e)).collect()
+}
+
+/// Burn's per-iteration training losses of epoch `e` (`train/epoch-E/Loss.log`: one
+/// "loss,count" line per step, then "mean,final").
+fn epoch_losses(out: &Path, e: usize) -> Vec<f64> {
+    let p = out.join(format!("train/epoch-{e}/Loss.log"));
+    let text = std::fs::read_to_string(&p).unwrap_or_else(|err| panic!("{}: {err}", p.display()));
+    text.lines()
+        .filter(|l| !l.ends_with(",final"))
+        .map(|l| l.split(',').next().unwrap().parse::<f64>().unwrap())
         .collect()
 }
 
@@ -131,13 +132,7 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
     sharded("zero2", "1", &d.join("first"), &[]);
     let o = d.join("resumed");
     sharded("zero3", EPOCHS, &o, &["--resume"]);
-    let p = o.join("train/epoch-2/Loss.log");
-    let got: Vec<f64> = std::fs::read_to_string(&p)
-        .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-        .lines()
-        .filter(|l| !l.ends_with(",final"))
-        .map(|l| l.split(',').next().unwrap().parse().unwrap())
-        .collect();
+    let got = epoch_losses(&o, 2);
     assert!(
         !o.join("train/epoch-1").exists(),
         "epoch 1 came from the checkpoint"
