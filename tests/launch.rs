@@ -97,20 +97,6 @@ fn spawn_timed(args: &[&str]) -> (std::process::Child, mpsc::Receiver<(String, I
     (child, rx)
 }
 
-fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
-    let t0 = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            return st;
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            panic!("the launcher did not exit within {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
     let ex = common::example("run-loop");
@@ -129,7 +115,7 @@ fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
         "--panic-at",
         "3:20",
     ]);
-    let st = wait_exit(&mut child, Duration::from_secs(120));
+    let st = common::wait_exit(&mut child, Duration::from_secs(120));
     let exited = Instant::now();
     let lines: Vec<(String, Instant)> = rx.iter().collect();
     let text: String = lines.iter().map(|(l, _)| format!("{l}\n")).collect();
@@ -201,7 +187,7 @@ fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
             .unwrap()
             .success()
     );
-    let st = wait_exit(&mut child, Duration::from_secs(90));
+    let st = common::wait_exit(&mut child, Duration::from_secs(90));
     let took = killed.elapsed();
     eprintln!("the launcher exited {took:?} after kill -9 of node 1");
     let text: String = rx.iter().map(|(l, _)| format!("{l}\n")).collect();
@@ -318,8 +304,8 @@ fn launch_per_machine_with_master_and_node_rank() {
     let mut n0 = node(0, "");
     let mut n1 = node(1, "127.0.0.2:0");
     let (s0, s1) = (
-        wait_exit(&mut n0, Duration::from_secs(120)),
-        wait_exit(&mut n1, Duration::from_secs(120)),
+        common::wait_exit(&mut n0, Duration::from_secs(120)),
+        common::wait_exit(&mut n1, Duration::from_secs(120)),
     );
     let err = |c: &mut std::process::Child| {
         let mut s = String::new();

@@ -211,17 +211,7 @@ fn ctrl_c_stops_every_learner_rank_after_the_same_step() {
             .unwrap()
             .success()
     );
-    let t1 = Instant::now();
-    let st = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t1.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("no clean stop within 60 s of the signal");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let st = common::wait_exit(&mut child, Duration::from_secs(60));
     let mut err = String::new();
     use std::io::Read;
     child

@@ -120,3 +120,18 @@ pub fn node_pid(launcher: u32, n: usize) -> Option<u32> {
             has(format!("/proc/{p}/cmdline"), &flag) || has(format!("/proc/{p}/environ"), &var)
         })
 }
+
+/// Waits (bounded) for a child to exit; a hang kills it and fails the test.
+pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let t0 = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the process did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
