@@ -13,7 +13,7 @@ BIN=${BIN:-${CARGO_TARGET_DIR:-target}/debug/wiretrain}
 command -v taskset >/dev/null || { echo "bench-balance: needs taskset (util-linux)"; exit 2; }
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 export RAYON_NUM_THREADS=1 WIRETRAIN_DEBUG_SLOWDOWN=1:$FACTOR
-export WIRETRAIN_TOKEN=bench-balance-$$
+export WIRETRAIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d " \n")
 for b in equal speed; do
   args=(train --example char-lm --steps "$STEPS" --global-batch "$BATCH" --device cpu
         --no-progress --balance "$b" --nnodes 2)

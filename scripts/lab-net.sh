@@ -53,7 +53,7 @@ shape() { # $1 = Mbit/s or none: tbf on both ends of every node's veth
 # namespace PLACEMENT[r] (a string of digits), each with RANKS_PER_NODE ranks.
 job() {
   local procs=$1 rpn=$2 place=$3; shift 3
-  export WIRETRAIN_TOKEN="lab-$id-$RANDOM"
+  export WIRETRAIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d " \n")
   rm -f "$tmp/addr"
   local common=(--nnodes "$procs" --ranks-per-node "$rpn")
   local n0=${place:0:1}

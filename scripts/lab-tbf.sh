@@ -71,7 +71,7 @@ if [ "$SUB" = tcp ]; then
   exit 0
 fi
 
-export WIRETRAIN_TOKEN=${WIRETRAIN_TOKEN:-lab-$(date +%s%N)}
+export WIRETRAIN_TOKEN=${WIRETRAIN_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d " \n")}
 ip netns exec "$ns0" $PIN0 timeout "$LIMIT" "$BIN" "$SUB" "$@" --nnodes 2 --node-rank 0 \
   --master "$a_ip:0" --addr-file "$tmp/addr" &
 p0=$!

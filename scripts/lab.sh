@@ -20,7 +20,7 @@ cd "$(dirname "$0")/.."
 NODES=${NODES:-2}; RATES=${RATES:-"none 1000 200 50"}; STEPS=${STEPS:-10}; BATCH=${BATCH:-32}
 STRATEGIES=${STRATEGIES:-"ddp zero1 zero2 zero3 hybrid"}; EXAMPLE=${EXAMPLE:-char-lm}
 EXTRA=${EXTRA:---d-model 256}; LIMIT=${LIMIT:-300}
-BIN=${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}/debug/wiretrain}
+BIN=${BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}/debug/wiretrain}
 OUT=${OUT:-lab-$(date +%Y%m%d-%H%M%S).csv}
 [ -x "$BIN" ] || { echo "lab: no wiretrain binary at $BIN"; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "lab: SKIP: needs root for ip netns and tc"; exit 77; }
@@ -30,7 +30,7 @@ command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iprou
 source "$(dirname "$0")/lab-net.sh"
 
 run() { # $1 strategy, $2 metrics file
-  export WIRETRAIN_TOKEN="lab-$id-$RANDOM"
+  export WIRETRAIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d " \n")
   rm -f "$tmp/addr"
   local args=(train --example "$EXAMPLE" --strategy "$1" --steps "$STEPS" --global-batch "$BATCH"
               --device cpu --no-progress --nnodes "$NODES")

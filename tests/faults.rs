@@ -8,6 +8,9 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// A job token that passes the strength check.
+const TOK: &str = "faults-0123456789abcdef0123456789abcdef";
+
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wiretrain-faults-{}-{name}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -109,8 +112,8 @@ const QUICK: [&str; 8] = [
 #[test]
 fn wrong_token_is_refused_and_the_missing_node_is_named() {
     let d = tmp("token");
-    let (n0, addr) = node0(&d, "token-A", &QUICK);
-    let n1 = node1(&addr, "token-B", &QUICK);
+    let (n0, addr) = node0(&d, "token-A-0123456789abcdef0123456789abcdef", &QUICK);
+    let n1 = node1(&addr, "token-B-0123456789abcdef0123456789abcdef", &QUICK);
     let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
     assert!(!ok1);
     assert!(
@@ -129,18 +132,27 @@ fn wrong_token_is_refused_and_the_missing_node_is_named() {
 #[test]
 fn protocol_version_mismatch_is_refused() {
     let d = tmp("version");
-    let (n0, addr) = node0(&d, "tok", &QUICK);
+    let (n0, addr) = node0(&d, TOK, &QUICK);
     let mut extra = vec!["--protocol-version-override", "99"];
     extra.extend_from_slice(&QUICK);
-    let (ok1, err1, _) = finish(node1(&addr, "tok", &extra), Duration::from_secs(30));
+    let (ok1, err1, _) = finish(node1(&addr, TOK, &extra), Duration::from_secs(30));
     assert!(!ok1);
     assert!(
         err1.contains("protocol version mismatch"),
         "node 1 stderr: {err1}"
     );
     assert!(err1.contains("version 99"), "node 1 stderr: {err1}");
-    let (ok0, _, _) = finish(n0, Duration::from_secs(30));
+    // The coordinator's side says it too, with the address it refused.
+    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
     assert!(!ok0);
+    assert!(
+        err0.contains("refused a node: protocol version mismatch") && err0.contains("version 99"),
+        "node 0 stderr: {err0}"
+    );
+    assert!(
+        err0.contains("127.0.0.1:"),
+        "node 0 names the address: {err0}"
+    );
 }
 
 #[test]
@@ -159,7 +171,7 @@ fn unreachable_coordinator_is_a_clear_error() {
         "--rendezvous-timeout",
         "2",
     ];
-    let (ok, err, took) = finish(spawn(&args, "tok"), Duration::from_secs(30));
+    let (ok, err, took) = finish(spawn(&args, TOK), Duration::from_secs(30));
     assert!(!ok);
     assert!(err.contains("could not reach the coordinator"), "{err}");
     assert!(took < Duration::from_secs(15));
@@ -182,8 +194,8 @@ fn killed_peer_is_named_within_the_timeout() {
         "--collective-timeout",
         "60",
     ];
-    let (n0, addr) = node0(&d, "tok", &long);
-    let mut n1 = node1(&addr, "tok", &long);
+    let (n0, addr) = node0(&d, TOK, &long);
+    let mut n1 = node1(&addr, TOK, &long);
     // Let a few collectives run, then kill node 1 without warning.
     std::thread::sleep(Duration::from_secs(3));
     assert!(n1.try_wait().unwrap().is_none(), "node 1 ended early");
@@ -193,7 +205,22 @@ fn killed_peer_is_named_within_the_timeout() {
     let (ok0, err0, took) = finish(n0, Duration::from_secs(60));
     assert!(!ok0, "node 0 must fail");
     // The flight recorder of rank 0 shows its last collectives, the failed one last.
-    let flight = std::env::temp_dir().join(format!("wiretrain-flight-{pid0}-rank0.json"));
+    // Its file is named in the log, in a private directory of the process.
+    let flight = err0
+        .split("written to ")
+        .nth(1)
+        .and_then(|t| t.split_whitespace().next())
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| panic!("the log names the flight recorder file: {err0}"));
+    assert!(
+        flight.ends_with(format!("wiretrain-flight-{pid0}-rank0.json")),
+        "{flight:?}"
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::fs::metadata(flight.parent().unwrap()).unwrap();
+        assert_eq!(dir.permissions().mode() & 0o777, 0o700, "{flight:?}");
+    }
     let rec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&flight).expect("flight recorder dump")).unwrap();
     let last = rec["collectives"]
@@ -223,6 +250,7 @@ fn killed_peer_is_named_within_the_timeout() {
         "the log names the dump: {err0}"
     );
     let _ = std::fs::remove_file(&flight);
+    let _ = std::fs::remove_dir(flight.parent().unwrap());
     assert!(took < Duration::from_secs(20), "took {took:?}: {err0}");
     assert!(
         err0.contains("node 1"),
@@ -245,4 +273,83 @@ fn bad_flags_exit_with_code_2() {
         let err = common::refused(args);
         assert_eq!(err.trim().lines().count(), 1, "one clear line: {err}");
     }
+}
+
+#[test]
+fn a_weak_token_is_refused_before_anything_listens() {
+    for weak in ["hunter2", "0123456789abcdef", &"7".repeat(64)] {
+        let out = common::run(
+            &[
+                "bench",
+                "--op",
+                "all-reduce",
+                "--bytes",
+                "4",
+                "--iters",
+                "1",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                "0",
+                "--master",
+                "127.0.0.1:0",
+            ],
+            &[("WIRETRAIN_TOKEN", weak)],
+            Duration::from_secs(30),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{weak}: {}", common::text(&out));
+        assert!(err.contains("at least 128 bits"), "{err}");
+        assert!(err.contains("openssl rand -hex 32"), "{err}");
+        assert!(!err.contains(weak), "the token is never printed: {err}");
+    }
+}
+
+#[test]
+fn token_file_and_environment_never_silently_disagree() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = tmp("token-file");
+    let f = d.join("token");
+    std::fs::write(&f, format!("{TOK}\n")).unwrap();
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let fs = f.to_str().unwrap();
+    let args = [
+        "bench",
+        "--op",
+        "all-reduce",
+        "--bytes",
+        "4",
+        "--iters",
+        "1",
+        "--token-file",
+        fs,
+    ];
+    // Two different secrets: refused, naming both sources.
+    let other = "another-0123456789abcdef0123456789abcdef";
+    let out = common::run(
+        &args,
+        &[("WIRETRAIN_TOKEN", other)],
+        Duration::from_secs(60),
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{}", common::text(&out));
+    assert!(
+        err.contains("WIRETRAIN_TOKEN") && err.contains("--token-file"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(other) && !err.contains(TOK),
+        "no token is printed: {err}"
+    );
+    // The same secret both ways runs; a file others can read is warned about.
+    let out = common::run(&args, &[("WIRETRAIN_TOKEN", TOK)], Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert!(err.contains("readable by other users"), "{err}");
+    // Mode 600: no warning.
+    std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let out = common::run(&args, &[], Duration::from_secs(60));
+    assert!(out.status.success(), "{}", common::text(&out));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("readable by other users"));
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -199,6 +199,12 @@ impl NodeConfig {
                 hint: "set WIRETRAIN_TOKEN or pass --token-file",
             });
         }
+        token
+            .check_strength()
+            .map_err(|reason| ConfigError::Invalid {
+                field: "job token",
+                reason,
+            })?;
         let bind = if node_rank == Some(0) {
             master
         } else {
@@ -224,10 +230,13 @@ impl NodeConfig {
         })
     }
 
-    /// A one-node job with `ranks` ranks on loopback.
+    /// A one-node job with `ranks` ranks on loopback. No other node is ever admitted, so the
+    /// token is not checked for strength here; pass [`Token::generate`].
     pub fn single_node(ranks: usize, token: Token) -> Self {
-        let mut c = Self::new(1, Some(0), "127.0.0.1:0".parse().unwrap(), ranks, token)
+        let strong = Token::generate();
+        let mut c = Self::new(1, Some(0), "127.0.0.1:0".parse().unwrap(), ranks, strong)
             .expect("valid single-node config");
+        c.token = token;
         c.rendezvous_timeout = Duration::from_secs(5);
         c
     }
@@ -504,11 +513,14 @@ mod tests {
     #[test]
     fn config_validation() {
         let m: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        assert!(NodeConfig::new(0, None, m, 1, "t".into()).is_err());
-        assert!(NodeConfig::new(2, Some(2), m, 1, "t".into()).is_err());
-        assert!(NodeConfig::new(2, Some(1), m, 0, "t".into()).is_err());
+        let t = || Token::generate();
+        assert!(NodeConfig::new(0, None, m, 1, t()).is_err());
+        assert!(NodeConfig::new(2, Some(2), m, 1, t()).is_err());
+        assert!(NodeConfig::new(2, Some(1), m, 0, t()).is_err());
         assert!(NodeConfig::new(2, Some(1), m, 1, "".into()).is_err());
-        let mut c = NodeConfig::new(2, Some(0), m, 2, "t".into()).unwrap();
+        let weak = NodeConfig::new(2, Some(1), m, 1, "t".into()).unwrap_err();
+        assert!(weak.to_string().contains("openssl rand -hex 32"), "{weak}");
+        let mut c = NodeConfig::new(2, Some(0), m, 2, t()).unwrap();
         assert_eq!(c.bind, m);
         assert!(c.quic().mtu_upper_bound(100).is_err());
         assert!(c.quic().mtu_upper_bound(65_508).is_err());

@@ -4,12 +4,16 @@
 //! Recorder, so after a hang or a crash every rank shows what it was doing and which call
 //! never completed.
 //!
-//! The file is `wiretrain-flight-<pid>-rank<rank>.json` in `$WIRETRAIN_FLIGHT_DIR` (or the
-//! system temporary directory).
+//! The file is `wiretrain-flight-<pid>-rank<rank>.json` in `$WIRETRAIN_FLIGHT_DIR`, or else in
+//! a private directory (mode 0700, an unpredictable name) the process makes once under the
+//! system temporary directory. The file is always created new: a name that already exists (a
+//! planted symlink, say) is never followed or overwritten.
 
 use serde::Serialize;
 use std::collections::VecDeque;
-use std::path::PathBuf;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::time::Instant;
 
 /// Collectives each rank remembers.
@@ -146,35 +150,71 @@ impl FlightRecorder {
         if let Some(p) = &self.dumped {
             return Some(p.clone());
         }
-        let dir = std::env::var_os("WIRETRAIN_FLIGHT_DIR")
-            .map(PathBuf::from)
-            .unwrap_or_else(std::env::temp_dir);
-        let path = dir.join(format!(
-            "wiretrain-flight-{}-rank{}.json",
-            std::process::id(),
-            self.rank
-        ));
+        let dir = match std::env::var_os("WIRETRAIN_FLIGHT_DIR") {
+            Some(d) => Ok(PathBuf::from(d)),
+            None => private_dir(),
+        };
+        let path = dir.map(|d| {
+            d.join(format!(
+                "wiretrain-flight-{}-rank{}.json",
+                std::process::id(),
+                self.rank
+            ))
+        });
         let body = serde_json::json!({
             "rank": self.rank,
             "pid": std::process::id(),
             "dumped_at_ms": self.now(),
             "collectives": self.entries(),
         });
-        match std::fs::write(&path, serde_json::to_vec_pretty(&body).unwrap_or_default()) {
-            Ok(()) => {
+        let bytes = serde_json::to_vec_pretty(&body).unwrap_or_default();
+        match path.and_then(|p| write_new(&p, &bytes).map(|()| p)) {
+            Ok(path) => {
                 self.dumped = Some(path.clone());
                 Some(path)
             }
             Err(e) => {
                 tracing::warn!(
-                    "flight recorder of rank {}: cannot write {}: {e}",
-                    self.rank,
-                    path.display()
+                    "flight recorder of rank {}: cannot write its file: {e}",
+                    self.rank
                 );
                 None
             }
         }
     }
+}
+
+/// Creates `path` (never an existing name: no symlink is followed) and writes `bytes`.
+fn write_new(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let mut f = o
+        .open(path)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    f.write_all(bytes)
+}
+
+/// This process's private directory for flight-recorder files: created once, mode 0700, with
+/// a random name so no other user can plant it in advance.
+fn private_dir() -> std::io::Result<PathBuf> {
+    static DIR: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let tag: u64 = rand::random();
+        let d = std::env::temp_dir().join(format!(
+            "wiretrain-flight-{}-{tag:016x}",
+            std::process::id()
+        ));
+        let mut b = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        b.create(&d)
+            .map(|()| d.clone())
+            .map_err(|e| format!("{}: {e}", d.display()))
+    })
+    .clone()
+    .map_err(std::io::Error::other)
 }
 
 #[cfg(test)]
@@ -205,6 +245,33 @@ mod tests {
         assert_eq!(v["collectives"].as_array().unwrap().len(), CAPACITY);
         assert_eq!(v["collectives"][CAPACITY - 1]["op"], "all_gather");
         assert_eq!(f.dump_once().unwrap(), p);
+        // A name planted in advance (a symlink to a file of someone else's) is not followed.
+        #[cfg(unix)]
+        {
+            let victim = dir.join("victim");
+            std::fs::write(&victim, b"keep").unwrap();
+            let mut g = FlightRecorder::new(4);
+            let planted = dir.join(format!(
+                "wiretrain-flight-{}-rank4.json",
+                std::process::id()
+            ));
+            std::os::unix::fs::symlink(&victim, &planted).unwrap();
+            assert_eq!(g.dump_once(), None);
+            assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
+        }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_default_directory_is_private_and_unpredictable() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = private_dir().unwrap();
+        assert_eq!(private_dir().unwrap(), d, "one directory per process");
+        let mode = std::fs::metadata(&d).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+        let name = d.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.len() > format!("wiretrain-flight-{}-", std::process::id()).len() + 8);
+        let _ = std::fs::remove_dir(&d);
     }
 }

@@ -1113,7 +1113,9 @@ impl Node {
                     source,
                 })?;
             }
-            tracing::info!(%local, nnodes = cfg.nnodes, fingerprint = %fingerprint, "node endpoint up");
+            tracing::info!(%local, nnodes = cfg.nnodes, "node endpoint up");
+            // The CA fingerprint identifies the job token's CA: debug only.
+            tracing::debug!(ca_fingerprint = %fingerprint, "job CA");
             let (table, me, peers) = if cfg.node_rank == Some(0) {
                 let (t, p) =
                     rendezvous::coordinate(&ep, &cfg, local, &identity.node_fingerprint()).await?;

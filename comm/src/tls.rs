@@ -55,7 +55,52 @@ impl Token {
     pub fn expose(&self) -> &[u8] {
         &self.0
     }
+
+    /// The most entropy the token's text can carry, in bits: 4 per character of a hex token,
+    /// 6 per character otherwise (base64, or printable text, whose ~6.6 bits per character a
+    /// human choice never reaches), and 0 for a token of fewer than 8 distinct characters
+    /// (`000…`, `abab…`). An upper bound: it can refuse a weak token, never vouch for one.
+    pub fn strength_bits(&self) -> u32 {
+        let t = &self.0;
+        let mut seen = [false; 256];
+        t.iter().for_each(|&b| seen[b as usize] = true);
+        if seen.iter().filter(|&&s| s).count() < 8 {
+            return 0;
+        }
+        let per_char = if t.iter().all(u8::is_ascii_hexdigit) {
+            4
+        } else {
+            6
+        };
+        let chars = t.iter().filter(|&&b| b != b'=').count();
+        u32::try_from(chars)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(per_char)
+    }
+
+    /// Refuses a token that cannot carry [`MIN_TOKEN_BITS`]. TLS 1.3 shows a node's
+    /// certificate, signed by the job CA the token derives, to any client before client
+    /// authentication, so a weak token could be guessed offline from one harvested
+    /// certificate.
+    pub fn check_strength(&self) -> Result<(), String> {
+        let bits = self.strength_bits();
+        if bits >= MIN_TOKEN_BITS {
+            return Ok(());
+        }
+        let what = if self.0.is_empty() {
+            "is empty".to_string()
+        } else {
+            format!("carries at most {bits} bits ({} characters)", self.0.len())
+        };
+        Err(format!(
+            "the job token {what}; at least {MIN_TOKEN_BITS} bits are needed (32 hex or 22 \
+             base64 characters, random): make one with `openssl rand -hex 32`"
+        ))
+    }
 }
+
+/// The least entropy a job token must be able to carry, in bits.
+pub const MIN_TOKEN_BITS: u32 = 128;
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -334,6 +379,31 @@ mod tests {
             .unwrap();
         assert!(same_fingerprint("ab", "ab") && !same_fingerprint("ab", "ac"));
         assert!(!same_fingerprint("ab", "abc"));
+    }
+
+    #[test]
+    fn weak_tokens_are_refused_with_how_to_make_one() {
+        for weak in ["", "hunter2", "token-A", &"0".repeat(64), &"ab".repeat(40)] {
+            let e = Token::from(weak).check_strength().unwrap_err();
+            assert!(e.contains("openssl rand -hex 32"), "{weak}: {e}");
+        }
+        // 31 hex characters are 124 bits, 32 are 128.
+        let hex = "0123456789abcdef0123456789abcdef";
+        assert!(Token::from(&hex[..31]).check_strength().is_err());
+        assert_eq!(Token::from(hex).strength_bits(), 128);
+        assert!(Token::from(hex).check_strength().is_ok());
+        // base64 of 16 random bytes: 22 characters and padding.
+        assert!(
+            Token::from("q83vEjRWeJq83vEjRWeJqw==")
+                .check_strength()
+                .is_ok()
+        );
+        assert!(
+            Token::from("q83vEjRWeJq83vEjRWe==")
+                .check_strength()
+                .is_err()
+        );
+        assert!(Token::generate().check_strength().is_ok());
     }
 
     #[test]

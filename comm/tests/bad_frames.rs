@@ -9,6 +9,9 @@ use wiretrain_comm::transport::quic;
 use wiretrain_comm::wire::{FrameHeader, WireDtype};
 use wiretrain_comm::{Node, NodeConfig, ReduceOp, rendezvous};
 
+/// The job token of the honest node and the rogue peer (it passes the strength check).
+const TOKEN: &str = "bad-frames-0123456789abcdef0123456789abcdef";
+
 fn rogue_run(payload: Vec<u8>) -> (String, String) {
     let dir = std::env::temp_dir().join(format!(
         "wiretrain-rogue-{}-{}",
@@ -21,7 +24,7 @@ fn rogue_run(payload: Vec<u8>) -> (String, String) {
     let af = addr_file.clone();
     let honest = thread::spawn(move || {
         let mut cfg =
-            NodeConfig::new(2, Some(0), "127.0.0.1:0".parse().unwrap(), 1, "tok".into()).unwrap();
+            NodeConfig::new(2, Some(0), "127.0.0.1:0".parse().unwrap(), 1, TOKEN.into()).unwrap();
         cfg.addr_file(af)
             .rendezvous_timeout(Duration::from_secs(20))
             .collective_timeout(Duration::from_secs(20));
@@ -45,10 +48,10 @@ fn rogue_run(payload: Vec<u8>) -> (String, String) {
         .build()
         .unwrap();
     let closed = rt.block_on(async {
-        let mut cfg = NodeConfig::new(2, Some(1), master, 1, "tok".into()).unwrap();
+        let mut cfg = NodeConfig::new(2, Some(1), master, 1, TOKEN.into()).unwrap();
         cfg.bind("127.0.0.2:0".parse().unwrap())
             .rendezvous_timeout(Duration::from_secs(20));
-        let identity = JobIdentity::from_token(&"tok".into()).unwrap();
+        let identity = JobIdentity::from_token(&TOKEN.into()).unwrap();
         let ep = quic::endpoint("127.0.0.2:0".parse().unwrap(), &identity, cfg.quic()).unwrap();
         let (table, me, p0) = rendezvous::join(&ep, &identity, &cfg).await.unwrap();
         let peers = rendezvous::mesh(&ep, &identity, &cfg, &table, me, vec![p0])

@@ -173,23 +173,37 @@ impl JobOptions {
                 }
             },
         };
+        let from_file = |p: &std::path::Path| -> Result<String, JobError> {
+            let t = std::fs::read_to_string(p)
+                .map_err(|err| e(&format!("--token-file {}", p.display()), &err))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(JobError(format!(
+                    "--token-file {}: the file is empty",
+                    p.display()
+                )));
+            }
+            warn_if_readable_by_others(p);
+            Ok(t.to_string())
+        };
         let token = match (
             std::env::var(env::TOKEN).ok().filter(|t| !t.is_empty()),
             &self.token_file,
         ) {
-            (Some(t), _) => Token::from(t),
-            (None, Some(p)) => {
-                let t = std::fs::read_to_string(p)
-                    .map_err(|err| e(&format!("--token-file {}", p.display()), &err))?;
-                let t = t.trim();
-                if t.is_empty() {
+            (Some(t), Some(p)) => {
+                // Neither silently wins: the same secret twice is fine, two secrets are refused.
+                if from_file(p)? != t {
                     return Err(JobError(format!(
-                        "--token-file {}: the file is empty",
+                        "--token-file {}: both it and WIRETRAIN_TOKEN are set, to different \
+                         tokens; give one (`wiretrain launch --local` sets WIRETRAIN_TOKEN \
+                         itself: drop --token-file there)",
                         p.display()
                     )));
                 }
                 Token::from(t)
             }
+            (Some(t), None) => Token::from(t),
+            (None, Some(p)) => Token::from(from_file(p)?),
             (None, None) if nnodes == 1 => Token::generate(),
             (None, None) => {
                 return Err(JobError(
@@ -233,6 +247,25 @@ impl JobOptions {
         }
         Ok(cfg)
     }
+}
+
+/// A warning when the token file can be read by other users (it is the job's only secret).
+fn warn_if_readable_by_others(p: &std::path::Path) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        if let Ok(m) = std::fs::metadata(p)
+            && m.permissions().mode() & 0o077 != 0
+        {
+            tracing::warn!(
+                "--token-file {}: readable by other users (mode {:o}); chmod 600 it",
+                p.display(),
+                m.permissions().mode() & 0o777
+            );
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = p;
 }
 
 #[cfg(test)]

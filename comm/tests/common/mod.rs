@@ -54,7 +54,7 @@ pub fn cluster_tuned<T: Send + 'static>(
                         assert!(waited < 500, "node 0 never wrote its address");
                     }
                 };
-                let mut cfg = NodeConfig::new(nn, Some(i), master, k, token.into())?;
+                let mut cfg = NodeConfig::new(nn, Some(i), master, k, strong(&token))?;
                 cfg.rendezvous_timeout(Duration::from_secs(20))
                     .collective_timeout(Duration::from_secs(60));
                 tune(&mut cfg);
@@ -100,4 +100,10 @@ fn rand_suffix() -> u64 {
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
             .as_nanos() as u64
+}
+
+/// A token strong enough for `NodeConfig::new`, derived from a test's short name (the same
+/// name gives the same token, different names different ones).
+pub fn strong(name: &str) -> wiretrain_comm::tls::Token {
+    format!("{name}-0123456789abcdef0123456789abcdef").into()
 }

@@ -108,7 +108,7 @@ pub fn run_rank(
     let rd = select(spec).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
     let device = rd.device.clone().autodiff();
     // A one-rank job of this rank's own: the trainer's all-reduces stay in this thread.
-    let token = Token::new(format!("compute-{}-{}", std::process::id(), job.rank()));
+    let token = Token::generate();
     let mut solo = Node::join(NodeConfig::single_node(1, token)).context("a one-rank job")?;
     let pg = solo
         .take_groups()
