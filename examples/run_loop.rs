@@ -123,6 +123,7 @@ fn real_main() -> Result<(), Box<dyn std::error::Error>> {
         every: Some(20),
         keep: 2,
         resume: args.iter().any(|a| a == "--resume"),
+        overwrite: args.iter().any(|a| a == "--overwrite-checkpoints"),
     });
     opts.title = "run-loop regressor".into();
     opts.meta = serde_json::json!({ "example": "run-loop" });

@@ -427,3 +427,184 @@ fn a_slow_node_within_the_collective_timeout_is_not_declared_dead() {
     assert_eq!(losses(&m).len(), 6);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+#[test]
+fn a_fresh_run_never_mixes_with_an_earlier_runs_checkpoints() {
+    let d = dir("reuse");
+    let ck = d.join("ck");
+    let ckpt = |steps: usize, extra: &[&str]| {
+        let mut e = vec!["--checkpoint-dir", s(&ck)];
+        e.extend_from_slice(extra);
+        launch_args(1, "ddp", steps, &e)
+    };
+    run_ok(&ckpt(10, &["--checkpoint-every", "5"]));
+    let manifest = |p: &Path| std::fs::read(p.join("step-00000010").join("manifest.json"));
+    let before = manifest(&ck).unwrap();
+    // A fresh run in the used directory: refused, exit 2, nothing touched.
+    let a = ckpt(6, &["--checkpoint-every", "3"]);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = common::run(&a, &[], Duration::from_secs(120));
+    let text = common::text(&out);
+    assert_eq!(out.status.code(), Some(2), "{text}");
+    assert!(
+        text.contains("already holds checkpoints of an earlier run"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--resume") && text.contains("--overwrite-checkpoints"),
+        "{text}"
+    );
+    assert_eq!(manifest(&ck).unwrap(), before);
+    // With --overwrite-checkpoints the old run moves aside, whole; the new run keeps its own
+    // two checkpoints (it used to prune them: the old run's step 10 was "newer").
+    let err = run_ok(&ckpt(
+        6,
+        &["--checkpoint-every", "3", "--overwrite-checkpoints"],
+    ));
+    assert!(err.contains("earlier checkpoints moved to"), "{err}");
+    let steps = |p: &Path| -> Vec<usize> {
+        wiretrain::checkpoint::list_valid(p)
+            .unwrap()
+            .iter()
+            .map(|x| x.0)
+            .collect()
+    };
+    assert_eq!(steps(&ck), [3, 6]);
+    let aside: Vec<PathBuf> = std::fs::read_dir(&ck)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with("previous-")
+        })
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    assert_eq!(steps(&aside[0]), [5, 10]);
+    assert_eq!(manifest(&aside[0]).unwrap(), before);
+    // Resume takes the new run's newest, and its prune leaves the old run alone.
+    let err = run_ok(&ckpt(
+        8,
+        &[
+            "--resume",
+            "--checkpoint-every",
+            "1",
+            "--checkpoint-keep",
+            "1",
+        ],
+    ));
+    assert!(err.contains("at step 6 "), "{err}");
+    assert_eq!(steps(&ck), [8]);
+    assert_eq!(steps(&aside[0]), [5, 10]);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The README's checkpoint commands, verbatim (relative paths included), in a fresh directory.
+#[test]
+fn the_readme_checkpoint_commands_work_verbatim() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let section = readme
+        .split("## Checkpoints, resume and export")
+        .nth(1)
+        .expect("README has the checkpoint section");
+    let block = section
+        .split("```sh")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let commands: Vec<Vec<String>> = block
+        .replace("\\\n", " ")
+        .lines()
+        .map(|l| l.split('#').next().unwrap().trim().to_string())
+        .filter(|l| !l.is_empty())
+        .map(|l| l.split_whitespace().map(String::from).collect())
+        .collect();
+    assert_eq!(commands.len(), 3, "{block}");
+    let d = dir("readme");
+    for c in &commands {
+        assert_eq!(c[0], "wiretrain", "{c:?}");
+        let log = d.join("stderr.txt");
+        let mut child = Command::new(common::bin())
+            .args(&c[1..])
+            .current_dir(&d)
+            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let st = common::wait_exit(&mut child, Duration::from_secs(600));
+        let err = std::fs::read_to_string(&log).unwrap();
+        assert!(st.success(), "{c:?}: {st}\n{err}");
+        assert!(!err.contains("error"), "{c:?}: {err}");
+    }
+    let model = std::fs::read(d.join("model.safetensors")).unwrap();
+    assert!(model.len() > 8);
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A corrupt newest checkpoint (a flipped byte in one shard, then a garbage manifest) falls
+/// back to the older one kept beside it, with a warning naming the file; the run continues.
+#[test]
+fn a_corrupt_newest_checkpoint_falls_back_to_the_one_before() {
+    let d = dir("fallback");
+    let ck = d.join("ck");
+    run_ok(&launch_args(
+        2,
+        "zero1",
+        10,
+        &["--checkpoint-every", "5", "--checkpoint-dir", s(&ck)],
+    ));
+    let shard = ck.join("step-00000010").join("shard-00001.safetensors");
+    let mut bytes = std::fs::read(&shard).unwrap();
+    let mid = bytes.len() - 8;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&shard, &bytes).unwrap();
+    let m = d.join("m.jsonl");
+    let err = run_ok(&launch_args(
+        2,
+        "zero1",
+        12,
+        &[
+            "--checkpoint-dir",
+            s(&ck),
+            "--resume",
+            "--checkpoint-keep",
+            "3",
+            "--metrics",
+            s(&m),
+        ],
+    ));
+    assert!(
+        err.contains("shard-00001.safetensors") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+    assert!(err.contains("trying the one before it"), "{err}");
+    assert!(err.contains("at step 5 "), "{err}");
+    let steps: Vec<usize> = losses(&m).iter().map(|x| x.0).collect();
+    assert_eq!(steps, (5..12).collect::<Vec<_>>());
+    // The corrupted checkpoint is never deleted by the resumed run (a human may want it)...
+    assert_eq!(std::fs::read(&shard).unwrap(), bytes);
+    // ...and a manifest that is not JSON at all falls back the same way, here twice (12 is
+    // garbage, 10 still has its bad shard, 5 loads).
+    std::fs::write(
+        ck.join("step-00000012").join("manifest.json"),
+        b"{ not json",
+    )
+    .unwrap();
+    let err = run_ok(&launch_args(
+        1,
+        "zero1",
+        6,
+        &["--checkpoint-dir", s(&ck), "--resume"],
+    ));
+    assert!(
+        err.contains("not a manifest") && err.contains("checksum mismatch"),
+        "{err}"
+    );
+    assert!(err.contains("at step 5 "), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -56,6 +56,13 @@ pub enum CheckpointError {
     NotFound(PathBuf),
     #[error("checkpoint {path} does not fit this run: {reason}")]
     Mismatch { path: PathBuf, reason: String },
+    #[error(
+        "{} already holds checkpoints of an earlier run (steps {steps:?}); a fresh run there \
+         would mix with them. Continue that run (--resume), move them aside and start afresh \
+         (--overwrite-checkpoints: they go to {}/previous-<time>/), or pick another directory",
+        .dir.display(), .dir.display()
+    )]
+    InUse { dir: PathBuf, steps: Vec<usize> },
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -119,6 +126,10 @@ pub struct Manifest {
     /// and RNG state.
     pub run: serde_json::Value,
     pub files: Vec<FileEntry>,
+    /// The run that wrote it (random, fixed for a run and kept across `--resume`): pruning
+    /// removes only checkpoints of its own run. Empty in checkpoints of older releases.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub run_id: String,
     /// DiLoCo runs only: the outer state and the inner state of nodes 1.. (node 0's inner
     /// state is `files`, so any run can resume the model node 0 had).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,18 +185,25 @@ fn hex(bytes: &[u8]) -> String {
 /// Writes `bytes` to `path` atomically: a temporary sibling, fsync, rename, fsync of the
 /// directory. A crash leaves either the old file (or none) or the complete new one.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    // "model.safetensors" has the parent "": that is the current directory.
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io(&tmp))?;
-        f.write_all(bytes).map_err(io(&tmp))?;
-        f.sync_all().map_err(io(&tmp))?;
+    let written = std::fs::File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written.and_then(|()| std::fs::rename(&tmp, path)) {
+        // A full disk (ENOSPC) must not keep the partial file's space.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(path)(e));
     }
-    std::fs::rename(&tmp, path).map_err(io(path))?;
     sync_dir(dir)
 }
 
-fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
     // Directories can be opened and fsynced on Unix; elsewhere the rename is what we have.
     #[cfg(unix)]
     std::fs::File::open(dir)
@@ -311,29 +329,103 @@ pub fn list_valid(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError>
     Ok(out)
 }
 
-/// Keeps the newest `keep` valid checkpoints under `root` and removes older ones, together
-/// with incomplete step directories older than the newest valid one (debris of crashes).
-pub fn prune(root: &Path, keep: usize) -> Result<Vec<PathBuf>, CheckpointError> {
+/// A fresh run may write into `root` only when it holds no valid checkpoint: a later
+/// `--resume` would otherwise pick whichever run's checkpoint is newest.
+pub fn ensure_unused(root: &Path) -> Result<(), CheckpointError> {
     let valid = list_valid(root)?;
-    let Some(&(newest, _)) = valid.last() else {
-        return Ok(Vec::new());
+    if valid.is_empty() {
+        return Ok(());
+    }
+    Err(CheckpointError::InUse {
+        dir: root.to_path_buf(),
+        steps: valid.iter().map(|(s, _)| *s).collect(),
+    })
+}
+
+/// Moves every `step-*` directory of `root` (valid or not) into `root/previous-<unix time>/`
+/// and returns that directory (`None` when there was nothing to move).
+pub fn move_aside(root: &Path) -> Result<Option<PathBuf>, CheckpointError> {
+    let steps = step_dirs(root)?;
+    if steps.is_empty() {
+        return Ok(None);
+    }
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let mut aside = root.join(format!("previous-{secs}"));
+    for n in 1.. {
+        if !aside.exists() {
+            break;
+        }
+        aside = root.join(format!("previous-{secs}-{n}"));
+    }
+    std::fs::create_dir(&aside).map_err(io(&aside))?;
+    for (_, p) in steps {
+        let to = aside.join(p.file_name().expect("a step directory has a name"));
+        std::fs::rename(&p, &to).map_err(io(&p))?;
+    }
+    sync_dir(root)?;
+    Ok(Some(aside))
+}
+
+/// Every `step-*` directory under `root` with its step, valid or not.
+fn step_dirs(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
+    let rd = match std::fs::read_dir(root) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(root)(e)),
     };
-    let keep_from = valid.len().saturating_sub(keep.max(1));
-    let mut removed = Vec::new();
-    let kept: Vec<&PathBuf> = valid[keep_from..].iter().map(|(_, p)| p).collect();
-    for ent in std::fs::read_dir(root).map_err(io(root))? {
+    let mut out = Vec::new();
+    for ent in rd {
         let ent = ent.map_err(io(root))?;
-        let p = ent.path();
-        let Some(step) = ent
+        let step = ent
             .file_name()
             .to_str()
             .and_then(|n| n.strip_prefix("step-"))
-            .and_then(|s| s.parse::<usize>().ok())
-        else {
-            continue;
-        };
-        if step < newest && !kept.contains(&&p) {
+            .and_then(|s| s.parse::<usize>().ok());
+        if let Some(step) = step {
+            out.push((step, ent.path()));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Keeps the newest `keep` valid checkpoints of run `run_id` under `root` and removes its
+/// older ones, together with incomplete step directories older than its newest (debris of
+/// crashes). Checkpoints of other runs are never touched. A directory is renamed to a
+/// `.removing-*` name before it is deleted, and the root is fsynced, so a crash mid-prune
+/// leaves either the whole checkpoint or a name no reader takes for one.
+pub fn prune(root: &Path, keep: usize, run_id: &str) -> Result<Vec<PathBuf>, CheckpointError> {
+    // Finish what a crash interrupted: directories already renamed for removal.
+    for ent in std::fs::read_dir(root).map_err(io(root))? {
+        let p = ent.map_err(io(root))?.path();
+        if p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(".removing-step-"))
+        {
             std::fs::remove_dir_all(&p).map_err(io(&p))?;
+        }
+    }
+    let mine: Vec<(usize, PathBuf)> = list_valid(root)?
+        .into_iter()
+        .filter(|(_, p)| Checkpoint::open_step(p).is_ok_and(|c| c.manifest.run_id == run_id))
+        .collect();
+    let Some(&(newest, _)) = mine.last() else {
+        return Ok(Vec::new());
+    };
+    let keep_from = mine.len().saturating_sub(keep.max(1));
+    let kept: Vec<&PathBuf> = mine[keep_from..].iter().map(|(_, p)| p).collect();
+    let mut removed = Vec::new();
+    for (step, p) in step_dirs(root)? {
+        let ours = mine.iter().any(|(_, q)| *q == p);
+        let debris = !p.join(MANIFEST).is_file();
+        if step < newest && !kept.contains(&&p) && (ours || debris) {
+            let name = p.file_name().expect("a step directory has a name");
+            let doomed = root.join(format!(".removing-{}", name.to_string_lossy()));
+            std::fs::rename(&p, &doomed).map_err(io(&p))?;
+            sync_dir(root)?;
+            std::fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
             removed.push(p);
         }
     }
@@ -741,6 +833,7 @@ mod tests {
             optim_scalars: BTreeMap::from([("time".into(), ScalarValue::UInt(3))]),
             run: serde_json::json!({}),
             files,
+            run_id: "run-a".into(),
             diloco: None,
         }
     }
@@ -919,13 +1012,34 @@ mod tests {
         let v: Vec<usize> = list_valid(&d).unwrap().iter().map(|x| x.0).collect();
         assert_eq!(v, [1, 2, 3]);
         assert_eq!(Checkpoint::open(&d).unwrap().dir, d.join(step_dir_name(3)));
-        prune(&d, 2).unwrap();
+        // Another run's checkpoint (older step) in the same directory: never pruned by run-a.
+        let other = d.join(step_dir_name(0));
+        std::fs::create_dir_all(&other).unwrap();
+        let mut m = manifest_for(0, vec![]);
+        m.run_id = "run-b".into();
+        write_manifest(&other, &m).unwrap();
+        // Debris of a crash in the middle of an earlier prune.
+        std::fs::create_dir_all(d.join(".removing-step-00000001")).unwrap();
+        prune(&d, 2, "run-a").unwrap();
         let v: Vec<usize> = list_valid(&d).unwrap().iter().map(|x| x.0).collect();
-        assert_eq!(v, [2, 3]);
+        assert_eq!(v, [0, 2, 3]);
         assert!(
             d.join(step_dir_name(4)).exists(),
             "newer debris may be a write in progress"
         );
+        assert!(!d.join(".removing-step-00000001").exists());
+        assert!(!d.join(".removing-step-00000002").exists());
+        // A fresh run is refused here; moved aside, the directory is free and nothing is lost.
+        let e = ensure_unused(&d).unwrap_err().to_string();
+        assert!(
+            e.contains("--resume") && e.contains("--overwrite-checkpoints"),
+            "{e}"
+        );
+        let aside = move_aside(&d).unwrap().unwrap();
+        ensure_unused(&d).unwrap();
+        let moved: Vec<usize> = list_valid(&aside).unwrap().iter().map(|x| x.0).collect();
+        assert_eq!(moved, [0, 2, 3]);
+        assert!(aside.join(step_dir_name(4)).exists());
         assert!(Checkpoint::latest(&d.join("none")).unwrap().is_none());
         let _ = std::fs::remove_dir_all(&d);
     }

@@ -56,6 +56,10 @@ pub struct CheckpointPlan {
     /// Start from the newest valid checkpoint in `dir` (resharded to this world size and
     /// strategy); step 0 when there is none.
     pub resume: bool,
+    /// A fresh run (not `resume`) in a directory holding checkpoints of an earlier run moves
+    /// them aside into `dir/previous-<time>/`; without it that is refused
+    /// ([`crate::checkpoint::CheckpointError::InUse`]).
+    pub overwrite: bool,
 }
 
 /// What the loop does besides stepping.
@@ -194,6 +198,9 @@ pub fn fit<M: Module>(
         m.insert("accumulate".into(), micro.into());
     }
     let mut start = 0;
+    if let Some(c) = run.checkpoint.as_ref().filter(|c| !c.resume) {
+        trainer.claim_checkpoint_dir(&c.dir, c.overwrite)?;
+    }
     if let Some(c) = run.checkpoint.as_ref().filter(|c| c.resume) {
         match trainer.resume_latest(&c.dir)? {
             Some(m) => {

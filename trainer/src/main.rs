@@ -39,7 +39,12 @@ fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("warn,cubecl_runtime::throughput=error")
+                // The Vulkan loader's own messages ("Found no drivers!") come through
+                // wgpu_hal as errors; wiretrain's device errors say what is missing and how
+                // to install it instead (RUST_LOG=wgpu_hal=debug shows them).
+                tracing_subscriber::EnvFilter::new(
+                    "warn,cubecl_runtime::throughput=error,wgpu_hal::vulkan::instance=off",
+                )
             }),
         )
         .with_writer(std::io::stderr)
@@ -63,11 +68,48 @@ fn main() {
             eprintln!("wiretrain: launch: {f}");
             std::process::exit(f.code);
         }
-        eprintln!("wiretrain: error: {e:#}");
+        eprintln!("wiretrain: error: {}", render(&e));
         let usage = e.chain().any(|c| {
             let s = c.to_string();
             s.starts_with("--") || s.contains("configuration")
         });
         std::process::exit(if usage { 2 } else { 1 });
+    }
+}
+
+/// An error and its causes on one line, each cause once: a cause whose text its parent's
+/// message already ends with (thiserror's `"{context}: {source}"`) is not printed again.
+fn render(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        if out.ends_with(&msg) || out.contains(&format!("{msg}:")) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&msg);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::render;
+
+    #[test]
+    fn a_cause_is_printed_once() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let inner = wiretrain::checkpoint::CheckpointError::Io {
+            path: "ckpt".into(),
+            source: io,
+        };
+        let e = anyhow::Error::new(inner).context("export");
+        let text = render(&e);
+        assert_eq!(text.matches("not found").count(), 1, "{text}");
+        assert!(text.starts_with("export: checkpoint ckpt: "), "{text}");
+        let plain = anyhow::anyhow!("outer").context("top");
+        assert_eq!(render(&plain), "top: outer");
     }
 }

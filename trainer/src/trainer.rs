@@ -159,6 +159,8 @@ pub struct Trainer<M: Module> {
     sample_weight: f32,
     /// DiLoCo only.
     outer: Option<OuterState>,
+    /// The run id written into checkpoint manifests (fresh per run, kept across resume).
+    run_id: String,
 }
 
 impl<M: Module> Trainer<M> {
@@ -286,6 +288,7 @@ impl<M: Module> Trainer<M> {
             gather_wait: Duration::ZERO,
             sample_weight: 1.0,
             outer,
+            run_id: format!("{:016x}", rand::random::<u64>()),
         })
     }
 

@@ -120,6 +120,11 @@ pub struct TrainArgs {
     /// strategy (the flat buffers are resharded); starts at step 0 when there is none.
     #[arg(long)]
     pub resume: bool,
+    /// Start afresh in a --checkpoint-dir that holds checkpoints of an earlier run, moving
+    /// them aside into DIR/previous-<time>/ (without it, that is refused: a later --resume
+    /// would load whichever run's checkpoint is newest).
+    #[arg(long, conflicts_with = "resume")]
+    pub overwrite_checkpoints: bool,
     /// Write a timeline trace per rank (Chrome trace JSON: Perfetto, chrome://tracing) into
     /// this directory; `wiretrain report DIR` summarises it.
     #[arg(long)]
@@ -361,12 +366,23 @@ impl TrainArgs {
             bail!("--checkpoint-keep must be at least 1");
         }
         let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
-            Some(dir) => Some(CheckpointPlan {
-                dir,
-                every,
-                keep,
-                resume,
-            }),
+            Some(dir) => {
+                if resume && self.overwrite_checkpoints {
+                    bail!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
+                }
+                if !resume && !self.overwrite_checkpoints {
+                    // Refused here, before joining, with exit 2; the trainer checks again.
+                    wiretrain::checkpoint::ensure_unused(&dir)
+                        .map_err(|e| anyhow::anyhow!("--checkpoint-dir: {e}"))?;
+                }
+                Some(CheckpointPlan {
+                    dir,
+                    every,
+                    keep,
+                    resume,
+                    overwrite: self.overwrite_checkpoints,
+                })
+            }
             None if every.is_some() || resume => {
                 bail!("--checkpoint-every and --resume need --checkpoint-dir")
             }

@@ -380,6 +380,12 @@ where
     let stop = Arc::new(AtomicBool::new(false));
     trainer.set_stop_flag(stop.clone());
     let mut epoch0 = starting_epoch;
+    if let Some((dir, _, false)) = &s.sharded
+        && let Err(e) = trainer.claim_checkpoint_dir(dir, false)
+    {
+        fail(format!("sharded checkpoints: {e}"));
+        return (learner.model(), events);
+    }
     if let Some((dir, _, true)) = &s.sharded {
         match trainer.resume_latest(dir) {
             Ok(Some(m)) => epoch0 = epoch0.max(m.step + 1),

@@ -18,14 +18,17 @@ use super::{TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
     CheckpointError, DilocoManifest, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
-    OUTER_MOMENTUM, ShardData, f32s_to_u64, prune, step_dir_name, u64_to_f32s, write_manifest,
-    write_named, write_shard,
+    OUTER_MOMENTUM, ShardData, ensure_unused, f32s_to_u64, move_aside, prune, step_dir_name,
+    u64_to_f32s, write_manifest, write_named, write_shard,
 };
 use crate::optim::ExportedState;
 use crate::strategy::Strategy;
 use burn::module::Module;
 use std::path::{Path, PathBuf};
 use wiretrain_comm::ReduceOp;
+
+/// Checkpoints `resume_latest` tries, newest first, before it gives up.
+const MAX_FALLBACK: usize = 8;
 
 /// Values per rank in the first all-gather: status, bytes (4), sha256 (16), range count (4).
 const HEAD: usize = 25;
@@ -229,6 +232,7 @@ impl<M: Module> Trainer<M> {
                 optim_scalars: state.scalars,
                 run,
                 files,
+                run_id: self.run_id.clone(),
                 diloco: self.outer.as_ref().map(|o| DilocoManifest {
                     inner_done: o.inner_done,
                     outer: outer_file.clone().expect("rank 0 wrote the outer state"),
@@ -238,11 +242,30 @@ impl<M: Module> Trainer<M> {
                     },
                 }),
             };
-            let res = write_manifest(&dir, &manifest).and_then(|()| prune(root, keep));
-            if let Err(e) = &res {
-                tracing::error!("checkpoint of step {step}: {e}");
-                status = 1.0;
+            // The new checkpoint must read back before any older one goes.
+            // The step directory's own entry in the root is made durable too.
+            let res = write_manifest(&dir, &manifest)
+                .and_then(|()| crate::checkpoint::sync_dir(root))
+                .and_then(|()| Checkpoint::open(&dir));
+            match &res {
+                Err(e) => {
+                    tracing::error!("checkpoint of step {step}: {e}");
+                    status = 1.0;
+                }
+                // A failed prune costs disk space, not data: the run goes on.
+                Ok(_) => {
+                    if let Err(e) = prune(root, keep, &self.run_id) {
+                        tracing::warn!(
+                            "checkpoint of step {step} written; pruning older ones: {e}"
+                        );
+                        eprintln!(
+                            "wiretrain: warning: checkpoint of step {step} written, but older \
+                             checkpoints could not be removed: {e}"
+                        );
+                    }
+                }
             }
+            let res = res.map(|_| ());
             let agreed = self.pg.broadcast(vec![status], 0).wait()?;
             res?;
             debug_assert_eq!(agreed[0], 0.0);
@@ -259,26 +282,38 @@ impl<M: Module> Trainer<M> {
 
     /// Loads `ck` into this trainer, whatever world size and strategy wrote it: parameters
     /// and optimizer state of the elements this rank owns now. A collective: every rank
-    /// learns whether all ranks loaded, so a failure on one rank stops all of them.
+    /// learns whether all ranks loaded, so a failure on one rank stops all of them (each
+    /// rank reads without communicating, and only after all agree do they gather).
     pub fn load_checkpoint(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
         let res = self.load_local(ck);
-        self.agree(res, &ck.dir)
+        self.agree(res, &ck.dir)?;
+        self.finish_load()
     }
 
-    /// Loads the newest valid checkpoint under `root` as rank 0 sees it (every rank then opens
-    /// that step); `None` when there is none. A collective.
+    /// Loads the newest checkpoint under `root` that every rank can read and verify (the
+    /// steps as rank 0 lists them, newest first): a corrupt or unreadable newest checkpoint
+    /// falls back to the older one kept beside it, with a warning naming the file. A
+    /// checkpoint that does not fit this run (another model, optimizer) is an error, never
+    /// skipped. `None` when there is no checkpoint. A collective.
     pub fn resume_latest(&mut self, root: &Path) -> Result<Option<Manifest>, TrainError> {
-        let mut head = vec![0.0f32; 5];
+        let mut head = vec![0.0f32; 2 + 4 * MAX_FALLBACK];
         let mut mine = None;
         if self.pg.rank() == 0 {
-            match Checkpoint::latest(root) {
-                Ok(Some(ck)) => {
-                    head[0] = 1.0;
-                    head[1..5].copy_from_slice(&u64_to_f32s(ck.manifest.step as u64));
+            match crate::checkpoint::list_valid(root) {
+                Ok(valid) => {
+                    let newest: Vec<usize> = valid
+                        .iter()
+                        .rev()
+                        .take(MAX_FALLBACK)
+                        .map(|(s, _)| *s)
+                        .collect();
+                    head[1] = newest.len() as f32;
+                    for (i, s) in newest.iter().enumerate() {
+                        head[2 + 4 * i..6 + 4 * i].copy_from_slice(&u64_to_f32s(*s as u64));
+                    }
                 }
-                Ok(None) => {}
                 Err(e) => {
-                    head[0] = 2.0;
+                    head[0] = 1.0;
                     mine = Some(e);
                 }
             }
@@ -287,24 +322,110 @@ impl<M: Module> Trainer<M> {
         if let Some(e) = mine {
             return Err(e.into());
         }
-        match head[0] {
-            0.0 => return Ok(None),
-            1.0 => {}
-            _ => {
-                return Err(TrainError::OtherRank(format!(
-                    "rank 0 could not read the checkpoints in {}",
-                    root.display()
-                )));
+        if head[0] != 0.0 {
+            return Err(TrainError::OtherRank(format!(
+                "rank 0 could not read the checkpoints in {}",
+                root.display()
+            )));
+        }
+        let steps: Vec<usize> = (0..head[1] as usize)
+            .map(|i| f32s_to_u64(&head[2 + 4 * i..6 + 4 * i]) as usize)
+            .collect();
+        let mut first_err = None;
+        for step in steps {
+            let dir = root.join(step_dir_name(step));
+            let res = Checkpoint::open(&dir)
+                .map_err(TrainError::from)
+                .and_then(|ck| self.load_local(&ck).map(|()| ck));
+            let (unreadable, unfit) = match &res {
+                Ok(_) => (0.0, 0.0),
+                Err(TrainError::Checkpoint(
+                    CheckpointError::Io { .. }
+                    | CheckpointError::Checksum { .. }
+                    | CheckpointError::Corrupt { .. }
+                    | CheckpointError::NotFound(_),
+                )) => (1.0, 0.0),
+                Err(_) => (0.0, 1.0),
+            };
+            if let Err(e) = &res {
+                tracing::error!("rank {}: {e}", self.pg.rank());
+            }
+            let all = self
+                .pg
+                .all_reduce(vec![unreadable, unfit], ReduceOp::Sum)
+                .wait()?;
+            match res {
+                Ok(ck) if all[0] == 0.0 && all[1] == 0.0 => {
+                    self.finish_load()?;
+                    // Resuming continues that run: its checkpoints are ours to prune.
+                    self.run_id = ck.manifest.run_id.clone();
+                    return Ok(Some(ck.manifest));
+                }
+                Err(e) if all[1] > 0.0 => return Err(e),
+                _ if all[1] > 0.0 => {
+                    return Err(TrainError::OtherRank(format!(
+                        "{} rank(s) found checkpoint {} unfit for this run (their errors are above)",
+                        all[1],
+                        dir.display()
+                    )));
+                }
+                res => {
+                    if self.pg.rank() == 0 {
+                        eprintln!(
+                            "wiretrain: warning: checkpoint {} cannot be used ({} rank(s) could \
+                             not read or verify it; errors above); trying the one before it",
+                            dir.display(),
+                            all[0]
+                        );
+                    }
+                    if let Err(e) = res {
+                        first_err.get_or_insert(e);
+                    }
+                }
             }
         }
-        let dir = root.join(step_dir_name(f32s_to_u64(&head[1..5]) as usize));
-        let ck = match Checkpoint::open(&dir) {
-            Ok(ck) => ck,
-            // `agree` returns this rank's error after the others learned of it.
-            Err(e) => return self.agree(Err(e.into()), &dir).map(|()| None),
-        };
-        self.load_checkpoint(&ck)?;
-        Ok(Some(ck.manifest))
+        match first_err {
+            Some(e) => Err(e),
+            None if head[1] == 0.0 => Ok(None),
+            None => Err(TrainError::OtherRank(format!(
+                "no checkpoint in {} could be loaded by every rank (their errors are above)",
+                root.display()
+            ))),
+        }
+    }
+
+    /// Claims `root` for a fresh run's checkpoints, before step 0 (a collective; rank 0 looks).
+    /// A directory that already holds valid checkpoints is refused
+    /// ([`CheckpointError::InUse`]): a later resume would load whichever run's checkpoint is
+    /// newest. With `overwrite` they are moved aside into `root/previous-<time>/` instead.
+    pub fn claim_checkpoint_dir(&mut self, root: &Path, overwrite: bool) -> Result<(), TrainError> {
+        let mut mine = Ok(());
+        if self.pg.rank() == 0 {
+            mine = if overwrite {
+                move_aside(root).map(|moved| {
+                    if let Some(d) = moved {
+                        eprintln!(
+                            "wiretrain: --overwrite-checkpoints: earlier checkpoints moved to {}",
+                            d.display()
+                        );
+                    }
+                })
+            } else {
+                ensure_unused(root)
+            };
+        }
+        let failed = self
+            .pg
+            .broadcast(vec![f32::from(u8::from(mine.is_err()))], 0)
+            .wait()?[0];
+        mine?;
+        if failed != 0.0 {
+            return Err(TrainError::OtherRank(format!(
+                "rank 0 refused checkpoint directory {} (its error is above)",
+                root.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Every rank learns whether all of them succeeded; a failing rank logs its own error
@@ -356,32 +477,28 @@ impl<M: Module> Trainer<M> {
         } else {
             self.params = ck.read_params()?;
             self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
-            if self.cfg.strategy != Strategy::Ddp {
-                // What the model computes with is what a step's gather gives (the masters
-                // through the wire dtype), so a resumed run continues bit for bit.
-                self.gather_shards()?;
-            }
-            let model = self.model.take().expect("model present between steps");
-            self.model = Some(self.layout.unflatten(model, &self.params));
         }
         if self.outer.is_some() {
-            self.load_diloco(ck)?;
+            // DiLoCo: this node's inner state and the outer state, or a new round at the
+            // loaded parameters when the checkpoint has no DiLoCo state.
+            self.load_diloco_state(ck)?;
         }
         Ok(())
     }
 
-    /// DiLoCo: this node's inner state and the outer state, or a new round at the loaded
-    /// parameters when the checkpoint has no DiLoCo state.
-    fn load_diloco(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
-        let res = self.load_diloco_state(ck);
-        if self.cfg.strategy == Strategy::Hybrid {
-            // Sharded inside the node: the parameters computed with are the node's gather of
-            // its masters. Every rank gathers, whatever happened above, so none waits.
+    /// After every rank loaded its part: what the model computes with is what a step's
+    /// gather gives (the masters through the wire dtype; the node's gather under hybrid), so
+    /// a resumed run continues bit for bit. A collective for the sharded strategies.
+    fn finish_load(&mut self) -> Result<(), TrainError> {
+        if self.cfg.strategy.shards_params() {
+            return Ok(());
+        }
+        if self.cfg.strategy != Strategy::Ddp {
             self.gather_shards()?;
         }
         let model = self.model.take().expect("model present between steps");
         self.model = Some(self.layout.unflatten(model, &self.params));
-        res
+        Ok(())
     }
 
     fn load_diloco_state(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
