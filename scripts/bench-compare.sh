@@ -4,7 +4,7 @@
 # Output: one section per comparison on stdout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-BIN=${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}/release/wiretrain}
+BIN=${BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}/release/wiretrain}
 PY=${PY:-$HOME/.venvs/torch/bin/python}
 GLOO=${GLOO:-../shared/anchors/gloo_bench.py}
 ITERS=${ITERS:-10}

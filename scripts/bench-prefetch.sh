@@ -5,7 +5,7 @@
 # EXAMPLE (char-lm), BATCH (32).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-T=${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}
+T=${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}
 export BIN=${BIN:-$T/${PROFILE:-debug}/wiretrain}
 export RATE=${RATE:-50mbit}
 STEPS=${STEPS:-12}

@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-5}; STEPS=${2:-40}
-BIN=${BIN:-${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}/debug/wiretrain}
+BIN=${BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}/debug/wiretrain}
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
 run() { # $1 = metrics file, rest = extra flags
   local m=$1; shift

@@ -7,7 +7,7 @@
 # EXAMPLE (char-lm), BATCH (32), RANKS (ranks per node, 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-T=${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}
+T=${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}
 PROFILE=${PROFILE:-debug}
 BIN=$T/$PROFILE/wiretrain
 DEVICE=${DEVICE:-cpu}

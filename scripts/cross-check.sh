@@ -6,7 +6,7 @@
 # tests and examples. The builds and emulated runs of the binaries are scripts/cross.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}"
 budget=${CROSS_FULL_IF_ELAPSED_UNDER:-999999}
 start=$(date +%s)
 targets=(x86_64-pc-windows-gnu aarch64-unknown-linux-gnu)

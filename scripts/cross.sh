@@ -20,7 +20,7 @@
 # built here: ring's C code needs Apple's SDK (see docs/PLATFORMS.md).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}"
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(x86_64-pc-windows-gnu aarch64-unknown-linux-gnu)
 out=target/cross

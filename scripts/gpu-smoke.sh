@@ -16,7 +16,7 @@ out=${1:-gpu-smoke-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$out"
 log="$out/gpu-smoke.txt"
 say() { echo "$*" | tee -a "$log"; }
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}"
 start=$(date +%s)
 
 command -v nvidia-smi >/dev/null && nvidia-smi -L | tee -a "$log" || say "no nvidia-smi"

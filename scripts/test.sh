@@ -3,7 +3,8 @@
 # with sudo), then runs every test of the workspace. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/wiretrain-target}"
+# The build is the one `cargo run` makes (./target unless CARGO_TARGET_DIR says otherwise), so
+# the README's two commands share it: a second cold build of Burn would cost ~50 minutes.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
 # System packages: iproute2 (ip/tc for the network-namespace lab tests) and

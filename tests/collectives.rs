@@ -123,3 +123,38 @@ fn bench_prints_an_nccl_tests_table() {
     );
     assert!(s.lines().any(|l| l.trim_start().starts_with("p2p")), "{s}");
 }
+
+/// `--op p2p --check`: every lane owner holds what the same lane of the previous node sent, and
+/// the rest of every buffer is untouched (3 nodes, so the previous and the next node differ).
+#[test]
+fn p2p_rows_are_checked() {
+    let out = common::run(
+        &[
+            "bench",
+            "--op",
+            "p2p",
+            "--bytes",
+            "4,28,4000012",
+            "--iters",
+            "5",
+            "--warmup",
+            "0",
+            "--check",
+            "--json",
+            "--local",
+            "3",
+            "--ranks-per-node",
+            "2",
+        ],
+        &[],
+        Duration::from_secs(300),
+    );
+    assert!(out.status.success(), "{}", common::text(&out));
+    let rows = common::rows(&out);
+    assert_eq!(rows.len(), 3, "{}", common::text(&out));
+    for r in &rows {
+        assert_eq!(r["op"], "p2p", "{r}");
+        assert_eq!(r["wrong"], 0, "wrong elements in {r}");
+        assert_eq!(r["nodes"], 3, "{r}");
+    }
+}

@@ -61,6 +61,9 @@ fn one_node_diloco_is_ddp() {
     ]);
     let dl = run(&l, "diloco1");
     assert_eq!(dl.last().unwrap()["strategy"], "diloco");
+    // Both ran every step (a zip over a short run would compare nothing).
+    assert_eq!(steps(&ddp).len(), 12, "ddp steps");
+    assert_eq!(steps(&dl).len(), 12, "diloco steps");
     for (a, b) in steps(&ddp).iter().zip(steps(&dl)) {
         let (x, y) = (a["loss"].as_f64().unwrap(), b["loss"].as_f64().unwrap());
         assert!(

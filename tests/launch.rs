@@ -204,6 +204,24 @@ fn bad_launches_and_device_specs_are_one_clear_line_and_exit_2() {
     let e = common::refused(&["launch", "--local", "2", "--", "./no-such-program", "--x"]);
     assert!(e.contains("program \"./no-such-program\" not found"), "{e}");
     assert_eq!(e.trim().lines().count(), 1, "{e}");
+    // A node that refuses its flags: its own usage error reaches the user, with its exit code 2.
+    let e = common::refused(&["launch", "--local", "2", "--", "train", "--no-such-flag"]);
+    assert!(e.contains("unexpected argument '--no-such-flag'"), "{e}");
+    assert!(e.contains("node 0 exited"), "{e}");
+    // No Vulkan driver at all (the loader finds no ICD): what to install, not Burn's Debug dump.
+    let e = common::refused_env(
+        &["train", "--device", "wgpu:cpu", "--steps", "1"],
+        &[
+            ("VK_ICD_FILENAMES", "/nonexistent/icd.json"),
+            ("VK_DRIVER_FILES", "/nonexistent/icd.json"),
+        ],
+    );
+    assert!(e.contains("mesa-vulkan-drivers"), "{e}");
+    assert!(
+        !e.contains("AdapterUnavailable") && !e.contains("WgpuDevice"),
+        "{e}"
+    );
+    assert_eq!(e.trim().lines().count(), 1, "{e}");
     let e = common::refused(&["train", "--device", "gpu0", "--steps", "1"]);
     assert!(e.contains("\"gpu0\" is not a device"), "{e}");
     let e = common::refused(&["train", "--device", "wgpu:99", "--steps", "1"]);

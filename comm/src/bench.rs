@@ -280,7 +280,20 @@ fn run_one(
                     wrong
                 }
                 BenchOp::Broadcast => count_wrong(out, 0.0, |i| value(root, it, i)),
-                BenchOp::P2p => 0,
+                BenchOp::P2p => {
+                    // Lane owners (local rank l < lanes) hold in the second half the first
+                    // half of local rank l of the previous node; everyone else's buffer is
+                    // untouched. The first half is never written.
+                    let (t, local, half) = (pg.table(), pg.local_rank(), out.len() / 2);
+                    let nn = t.num_nodes();
+                    let (from, off) = if nn >= 2 && local < t.lanes() {
+                        (t.global_rank((pg.node() + nn - 1) % nn, local), 0)
+                    } else {
+                        (rank, half)
+                    };
+                    count_wrong(&out[..half], 0.0, |i| value(rank, it, i))
+                        + count_wrong(&out[half..], tol, |i| value(from, it, off + i))
+                }
                 BenchOp::Memcpy => count_wrong(&copy_dst, 0.0, |i| value(rank, it, i)),
             };
             // Results every rank holds must be bit-identical on every rank, whatever the

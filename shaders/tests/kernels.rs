@@ -4,7 +4,8 @@
 //! per element, reduce against a serial f32 sum; multi-chunk dispatches (chunks forced small,
 //! and one real buffer larger than lavapipe's 128 MiB binding limit).
 //!
-//! Skipped with a printed reason when the machine has no Vulkan/Metal/DX12 adapter at all.
+//! Skipped with a printed reason when the machine has no Vulkan/Metal/DX12 adapter at all;
+//! under `CI=true` that fails instead.
 
 use wiretrain_shaders::{AdamWHyper, Half, Kernels};
 
@@ -13,6 +14,9 @@ fn kernels() -> Option<Kernels> {
         Ok(k) => {
             eprintln!("kernels on {}", k.description());
             Some(k)
+        }
+        Err(e) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("CI=true and no wgpu adapter: {e} (install mesa-vulkan-drivers for lavapipe)")
         }
         Err(e) => {
             eprintln!("SKIPPED: {e} (install mesa-vulkan-drivers for lavapipe)");

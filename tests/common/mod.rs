@@ -86,7 +86,12 @@ pub fn train_metrics(
 /// Runs `wiretrain args...`, asserts it was refused as bad input (exit status 2), and returns
 /// its stderr.
 pub fn refused(args: &[&str]) -> String {
-    let out = run(args, &[], Duration::from_secs(60));
+    refused_env(args, &[])
+}
+
+/// [`refused`] with extra environment variables.
+pub fn refused_env(args: &[&str], envs: &[(&str, &str)]) -> String {
+    let out = run(args, envs, Duration::from_secs(60));
     assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }

@@ -65,7 +65,7 @@ fn wgpu_cached(kind: DeviceKind, apis: &[WgpuBackend]) -> Result<RankDevice, Str
         r = init_wgpu(kind.clone(), api);
         match &r {
             Ok(_) => break,
-            Err(e) => failures.push(format!("{api:?}: {e}")),
+            Err(e) => failures.push(e.clone()),
         }
     }
     let r = r.map_err(|_| failures.join("; "));
@@ -75,6 +75,7 @@ fn wgpu_cached(kind: DeviceKind, apis: &[WgpuBackend]) -> Result<RankDevice, Str
 
 /// Initializes Burn's wgpu device of `kind` on `api` and our kernels on the same device.
 fn init_wgpu(kind: DeviceKind, api: WgpuBackend) -> Result<RankDevice, String> {
+    let software = kind == DeviceKind::Cpu;
     Device::wgpu_options()
         .device_kind(kind)
         .graphics_api(api)
@@ -101,7 +102,30 @@ fn init_wgpu(kind: DeviceKind, api: WgpuBackend) -> Result<RankDevice, String> {
                 kernels: Some(kernels),
             }
         })
-        .map_err(|e| format!("{e:?}"))
+        .map_err(|e| init_failure(&e, software, api))
+}
+
+/// A failed wgpu initialization in words, with what to install or pass instead (never the
+/// raw `Debug` of Burn's error).
+pub(crate) fn init_failure(
+    e: &burn::tensor::wgpu::WgpuInitError,
+    software: bool,
+    api: WgpuBackend,
+) -> String {
+    use burn::tensor::wgpu::WgpuInitError as E;
+    match e {
+        E::AdapterUnavailable { .. } if software => format!(
+            "no software {api:?} adapter: wgpu:cpu needs Mesa's lavapipe (Debian/Ubuntu: \
+             apt-get install mesa-vulkan-drivers; Fedora: dnf install mesa-vulkan-drivers), \
+             or use --device cpu"
+        ),
+        E::AdapterUnavailable { .. } => format!(
+            "no GPU adapter on {api:?}: install the GPU vendor's {api:?} driver \
+             (`vulkaninfo --summary` shows what Vulkan sees), or use --device wgpu:cpu or \
+             --device cpu"
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// The devices of one node's local ranks: the adapters found and which one each rank gets.
