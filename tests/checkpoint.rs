@@ -608,3 +608,50 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_one_before() {
     assert!(err.contains("at step 5 "), "{err}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A checkpoint write slower than --collective-timeout completes: the save's collectives wait
+/// under --checkpoint-timeout. Under DDP every rank writes a share (rank 1 is the slow writer
+/// here, 6 s against a 2 s collective timeout); with too short a checkpoint timeout the same
+/// run fails, naming the timeout.
+#[test]
+fn a_checkpoint_write_slower_than_the_collective_timeout_completes() {
+    let d = dir("slow-write");
+    let ck = d.join("ck");
+    let args = |timeout: &str| {
+        launch_args(
+            2,
+            "ddp",
+            6,
+            &[
+                "--checkpoint-every",
+                "5",
+                "--checkpoint-dir",
+                s(&ck),
+                "--collective-timeout",
+                "2",
+                "--checkpoint-timeout",
+                timeout,
+            ],
+        )
+    };
+    let stall = [("WIRETRAIN_TEST_STALL_CHECKPOINT", "5:6000:1")];
+    let a = args("30");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = common::run(&a, &stall, Duration::from_secs(120));
+    assert!(out.status.success(), "{}", common::text(&out));
+    let m = wiretrain::checkpoint::Checkpoint::open(&ck.join("step-00000005")).unwrap();
+    let writers: Vec<usize> = m.manifest.files.iter().map(|f| f.rank).collect();
+    assert_eq!(writers, [0, 1], "every DDP rank writes its share");
+    // The control: a checkpoint timeout shorter than the stall fails at the collective timeout.
+    let _ = std::fs::remove_dir_all(&ck);
+    let a = args("1");
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let out = common::run(&a, &stall, Duration::from_secs(120));
+    let text = common::text(&out);
+    assert!(!out.status.success(), "{text}");
+    assert!(
+        text.contains("timed out") || text.contains("timeout"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -177,6 +177,9 @@ pub struct ProcessGroup {
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
     flight: Arc<std::sync::Mutex<crate::flight::FlightRecorder>>,
     wire: WireDtype,
+    /// The deadline of each collective submitted from now on (the node's collective timeout
+    /// unless [`ProcessGroup::set_timeout`] says otherwise).
+    timeout: Duration,
     aborter: Aborter,
 }
 
@@ -251,6 +254,17 @@ impl ProcessGroup {
         self.wire
     }
 
+    /// The deadline of every collective submitted from now on (e.g. a longer one around a
+    /// checkpoint write, which some ranks wait out while others write); returns the previous
+    /// one. Starts as the node's collective timeout.
+    pub fn set_timeout(&mut self, timeout: Duration) -> Duration {
+        std::mem::replace(&mut self.timeout, timeout)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub fn flight_recorder(&self) -> Vec<crate::flight::Entry> {
         lock(&self.flight).entries()
     }
@@ -294,10 +308,12 @@ impl ProcessGroup {
         lock(&self.flight).submitted(id.seq, kind.name(), bytes, wire.name());
         let flight = self.flight.clone();
         let rank = self.rank;
+        let timeout = self.timeout;
         let job: Job = Box::new(move |ex: &mut Executor| {
             lock(&flight).started(id.seq);
             ex.inter = None;
             ex.wire = wire;
+            ex.timeout = timeout;
             let r = run(ex, id);
             let mut f = lock(&flight);
             f.inter_link(id.seq, ex.inter.take());
@@ -1188,6 +1204,7 @@ impl Node {
                     rank,
                 ))),
                 wire: WireDtype::F32,
+                timeout: cfg.collective_timeout,
                 aborter,
             });
         }

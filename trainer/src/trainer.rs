@@ -64,6 +64,9 @@ pub struct TrainerConfig {
     /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
     /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.
     pub diloco: Option<Diloco>,
+    /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
+    /// there for the slowest writer); the longer of this and the collective timeout applies.
+    pub checkpoint_timeout: std::time::Duration,
 }
 
 /// DiLoCo's outer loop (Douillard et al. 2023): defaults outer lr 0.7, momentum 0.9.
@@ -104,6 +107,7 @@ impl TrainerConfig {
             wire: WireDtype::F32,
             fused_optimizer: true,
             diloco: None,
+            checkpoint_timeout: std::time::Duration::from_secs(600),
         }
     }
 }

@@ -125,6 +125,10 @@ pub struct TrainArgs {
     /// would load whichever run's checkpoint is newest).
     #[arg(long, conflicts_with = "resume")]
     pub overwrite_checkpoints: bool,
+    /// Seconds the ranks of a checkpoint save wait for the slowest writer (the longer of this
+    /// and --collective-timeout applies). Default 600.
+    #[arg(long, value_name = "SECS")]
+    pub checkpoint_timeout: Option<f64>,
     /// Write a timeline trace per rank (Chrome trace JSON: Perfetto, chrome://tracing) into
     /// this directory; `wiretrain report DIR` summarises it.
     #[arg(long)]
@@ -191,6 +195,7 @@ struct Run {
     d_model: usize,
     layers: usize,
     checkpoint: Option<CheckpointPlan>,
+    checkpoint_timeout: std::time::Duration,
 }
 
 impl Run {
@@ -388,8 +393,16 @@ impl TrainArgs {
             }
             None => None,
         };
+        let checkpoint_timeout = match self.checkpoint_timeout {
+            None => std::time::Duration::from_secs(600),
+            Some(t) if t.is_finite() && (1.0..=86_400.0).contains(&t) => {
+                std::time::Duration::from_secs_f64(t)
+            }
+            Some(t) => bail!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
+        };
         Ok(Run {
             checkpoint,
+            checkpoint_timeout,
             example,
             strategy,
             steps,
@@ -563,6 +576,7 @@ fn train_rank(ctx: RankContext, sh: Shared) -> Result<Option<usize>> {
     tc.wire = sh.run.wire;
     tc.fused_optimizer = sh.run.fused_optimizer;
     tc.diloco = sh.run.diloco;
+    tc.checkpoint_timeout = sh.run.checkpoint_timeout;
     match sh.data.clone() {
         Data::Mlp(data) => train_model(
             Mlp::new(&device, sh.run.seed),

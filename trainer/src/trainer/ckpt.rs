@@ -2,7 +2,7 @@
 //! [`crate::checkpoint`]).
 //!
 //! Saving is a collective: each writing rank stores the elements it owns (every element is
-//! written once: all ranks under ZeRO-1/2/3, rank 0 under DDP, the ranks of node 0 under
+//! written once: all ranks under ZeRO-1/2/3, each rank its share under DDP, the ranks of node 0 under
 //! hybrid and HSDP), then one all-gather brings every file's size, checksum and ranges to rank
 //! 0, which writes the manifest last. Loading reads, on each rank, the element ranges this
 //! rank owns under the *current* world and strategy, so a checkpoint resumes on any world
@@ -45,7 +45,8 @@ impl<M: Module> Trainer<M> {
             };
         }
         match self.cfg.strategy {
-            Strategy::Ddp => self.pg.rank() == 0,
+            // Every rank holds everything: each writes its share, so no rank writes it all.
+            Strategy::Ddp => !self.ddp_write_range().is_empty(),
             Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => true,
             Strategy::Hybrid | Strategy::Hsdp => {
                 self.pg.node() == 0 && self.owned.iter().any(|r| !r.is_empty())
@@ -84,7 +85,20 @@ impl<M: Module> Trainer<M> {
                     .collect(),
             },
         };
-        let state = self.opt.export_state().map_err(TrainError::Config)?;
+        let mut state = self.opt.export_state().map_err(TrainError::Config)?;
+        if self.outer.is_none() && self.cfg.strategy == Strategy::Ddp {
+            // DDP owns the whole vector; this rank writes its share of it.
+            let r = self.ddp_write_range();
+            for (_, v) in &mut state.tensors {
+                *v = v[r.clone()].to_vec();
+            }
+            let shard = ShardData {
+                ranges: vec![r.clone()],
+                params: params[r].to_vec(),
+                state: state.tensors.clone(),
+            };
+            return Ok((shard, state));
+        }
         Ok((
             ShardData {
                 ranges: self.owned.clone(),
@@ -95,11 +109,32 @@ impl<M: Module> Trainer<M> {
         ))
     }
 
+    /// Under DDP (without DiLoCo), the part of the flat vector this rank writes.
+    fn ddp_write_range(&self) -> std::ops::Range<usize> {
+        self.pg.shard_range(self.layout.total())
+    }
+
     /// Writes a checkpoint of the state after `step` optimizer steps into
     /// `root/step-{step}/`; a collective (every rank calls it after the same step). `run`
     /// is recorded in the manifest (the CLI stores seed, global batch and the like); `keep`
     /// valid checkpoints are kept, older ones removed. Returns the step directory.
     pub fn save_checkpoint(
+        &mut self,
+        root: &Path,
+        step: usize,
+        run: serde_json::Value,
+        keep: usize,
+    ) -> Result<PathBuf, TrainError> {
+        // Writers take as long as the disk does: the collectives that wait for them get the
+        // checkpoint timeout, not the step's.
+        let t = self.cfg.checkpoint_timeout.max(self.pg.timeout());
+        let before = self.pg.set_timeout(t);
+        let res = self.save_checkpoint_within(root, step, run, keep);
+        self.pg.set_timeout(before);
+        res
+    }
+
+    fn save_checkpoint_within(
         &mut self,
         root: &Path,
         step: usize,
@@ -132,7 +167,7 @@ impl<M: Module> Trainer<M> {
         }
         // Test hook for the crash-during-checkpoint fault test: stall between the shards and
         // the manifest (the window in which a crash must not harm older checkpoints).
-        if let Some(ms) = stall_ms(step) {
+        if let Some(ms) = stall_ms(step, rank) {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         let mut head = vec![0.0f32; HEAD];
@@ -571,10 +606,13 @@ impl<M: Module> Trainer<M> {
     }
 }
 
-/// `WIRETRAIN_TEST_STALL_CHECKPOINT=step:ms` stalls the checkpoint of `step` (and later ones)
-/// between the shard files and the manifest, for the fault tests. Unset in normal runs.
-fn stall_ms(step: usize) -> Option<u64> {
+/// `WIRETRAIN_TEST_STALL_CHECKPOINT=step:ms[:rank]` stalls the checkpoint of `step` (and
+/// later ones) between the shard files and the manifest, on every rank or only on `rank`, for
+/// the fault tests. Unset in normal runs.
+fn stall_ms(step: usize, rank: usize) -> Option<u64> {
     let v = std::env::var("WIRETRAIN_TEST_STALL_CHECKPOINT").ok()?;
-    let (s, ms) = v.split_once(':')?;
-    (step >= s.parse::<usize>().ok()?).then(|| ms.parse().ok())?
+    let mut it = v.split(':');
+    let (s, ms) = (it.next()?.parse::<usize>().ok()?, it.next()?.parse().ok()?);
+    let only = it.next().map(|r| r.parse::<usize>().ok());
+    (step >= s && only.is_none_or(|r| r == Some(rank))).then_some(ms)
 }
