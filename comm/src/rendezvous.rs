@@ -117,6 +117,31 @@ pub async fn send_control(s: &mut SendStream, m: &Control) -> Result<(), String>
         .map_err(|e| format!("control write failed: {e}"))
 }
 
+/// [`send_control`] that gives up at `deadline`: a peer that does not read, or grants no
+/// stream credit, cannot hold a phase of the job forever.
+pub async fn send_control_by(
+    deadline: Instant,
+    s: &mut SendStream,
+    m: &Control,
+) -> Result<(), String> {
+    timeout_at(deadline, send_control(s, m))
+        .await
+        .unwrap_or_else(|_| {
+            Err("control write stalled until the deadline (the peer does not read it or grants no stream credit)".into())
+        })
+}
+
+/// Opens the control stream of `conn` by `deadline` (a peer may grant no streams at all).
+async fn open_bi_by(
+    deadline: Instant,
+    conn: &Connection,
+) -> Result<(SendStream, RecvStream), String> {
+    match timeout_at(deadline, conn.open_bi()).await {
+        Ok(r) => r.map_err(|e| describe_conn_error(&e)),
+        Err(_) => Err("could not open a stream by the deadline (the peer grants none)".into()),
+    }
+}
+
 pub async fn recv_control(r: &mut RecvStream) -> Result<Control, String> {
     let mut p = [0u8; 4];
     r.read_exact(&mut p)
@@ -187,7 +212,9 @@ struct Arrival {
 }
 
 async fn refuse(send: &mut SendStream, conn: &Connection, reason: &str) {
-    let _ = send_control(
+    let by = Instant::now() + Duration::from_secs(2);
+    let _ = send_control_by(
+        by,
         send,
         &Control::Refused {
             reason: reason.into(),
@@ -314,8 +341,10 @@ pub async fn coordinate(
     }
     let table = RankTable::new(nodes).map_err(|reason| RendezvousError::Refused { reason })?;
     let mut peers = Vec::new();
+    let by = Instant::now() + cfg.rendezvous_timeout;
     for (r, (mut a, _)) in by_rank {
-        send_control(
+        send_control_by(
+            by,
             &mut a.send,
             &Control::Welcome {
                 node: r,
@@ -351,10 +380,14 @@ pub async fn join(
         None,
     )
     .await?;
-    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| TransportError::Connect {
-        peer: format!("coordinator at {}", cfg.master),
-        reason: describe_conn_error(&e),
-    })?;
+    let by = start + cfg.rendezvous_timeout;
+    let (mut send, mut recv) =
+        open_bi_by(by, &conn)
+            .await
+            .map_err(|reason| TransportError::Connect {
+                peer: format!("coordinator at {}", cfg.master),
+                reason,
+            })?;
     let local = ep.local_addr().map_err(|e| TransportError::Connect {
         peer: "local endpoint".into(),
         reason: e.to_string(),
@@ -367,9 +400,11 @@ pub async fn join(
         listen_port: local.port(),
         devices: cfg.devices.clone(),
     };
-    send_control(&mut send, &hello)
+    send_control_by(by, &mut send, &hello)
         .await
-        .map_err(|reason| RendezvousError::Refused { reason })?;
+        .map_err(|reason| RendezvousError::Refused {
+            reason: format!("sending the hello to the coordinator: {reason}"),
+        })?;
     // The coordinator answers once every node is in, or when its own timeout passes.
     let wait = start + cfg.rendezvous_timeout * 2 + Duration::from_secs(5);
     let reply = match timeout_at(wait, recv_control(&mut recv)).await {
@@ -433,6 +468,33 @@ pub async fn join(
     }
 }
 
+/// How long one incoming connection may take from its first packet to its hello.
+const HANDSHAKE_BOUND: Duration = Duration::from_secs(10);
+
+/// An incoming mesh connection's handshake, control stream and hello, within `bound`.
+async fn mesh_handshake(
+    incoming: quinn::Incoming,
+    bound: Instant,
+) -> (
+    SocketAddr,
+    Result<(Connection, SendStream, RecvStream, Control), String>,
+) {
+    let remote = incoming.remote_address();
+    let shake = async {
+        let conn = incoming.await.map_err(|e| describe_conn_error(&e))?;
+        let (send, mut recv) = conn
+            .accept_bi()
+            .await
+            .map_err(|e| describe_conn_error(&e))?;
+        let hello = recv_control(&mut recv).await?;
+        Ok((conn, send, recv, hello))
+    };
+    let r = timeout_at(bound, shake)
+        .await
+        .unwrap_or_else(|_| Err("no hello within the handshake bound".into()));
+    (remote, r)
+}
+
 /// Connects this node to every other node (beyond node 0, which rendezvous already linked).
 pub async fn mesh(
     ep: &Endpoint,
@@ -453,11 +515,11 @@ pub async fn mesh(
                 node: m,
                 reason: e.to_string(),
             })?;
-        let (mut send, recv) = conn.open_bi().await.map_err(|e| RendezvousError::Mesh {
-            node: m,
-            reason: describe_conn_error(&e),
-        })?;
-        send_control(
+        let (mut send, recv) = open_bi_by(deadline, &conn)
+            .await
+            .map_err(|reason| RendezvousError::Mesh { node: m, reason })?;
+        send_control_by(
+            deadline,
             &mut send,
             &Control::PeerHello {
                 version: PROTOCOL_VERSION,
@@ -473,72 +535,69 @@ pub async fn mesh(
             ctrl_recv: recv,
         });
     }
-    // Accept every higher node (node 0 got them all at rendezvous).
+    // Accept every higher node (node 0 got them all at rendezvous). Each incoming connection
+    // gets its own task and handshake bound, so lone QUIC Initials from anyone (no token
+    // needed to send one) cannot hold up the peers behind them.
     if me != 0 {
         let mut waiting: Vec<usize> = (me + 1..table.num_nodes()).collect();
+        let mut handshakes = tokio::task::JoinSet::new();
         while !waiting.is_empty() {
-            let incoming = match timeout_at(deadline, ep.accept()).await {
-                Ok(Some(i)) => i,
-                Ok(None) => {
-                    return Err(RendezvousError::Mesh {
-                        node: waiting[0],
-                        reason: "the local endpoint closed while waiting for peers".into(),
-                    });
+            tokio::select! {
+                accepted = timeout_at(deadline, ep.accept()) => {
+                    let incoming = match accepted {
+                        Ok(Some(i)) => i,
+                        Ok(None) => {
+                            return Err(RendezvousError::Mesh {
+                                node: waiting[0],
+                                reason: "the local endpoint closed while waiting for peers".into(),
+                            });
+                        }
+                        Err(_) => {
+                            return Err(RendezvousError::Mesh {
+                                node: waiting[0],
+                                reason: format!("never connected (still waiting for nodes {waiting:?})"),
+                            });
+                        }
+                    };
+                    let bound = deadline.min(Instant::now() + HANDSHAKE_BOUND);
+                    handshakes.spawn(mesh_handshake(incoming, bound));
                 }
-                Err(_) => {
-                    return Err(RendezvousError::Mesh {
-                        node: waiting[0],
-                        reason: format!("never connected (still waiting for nodes {waiting:?})"),
-                    });
-                }
-            };
-            let remote = incoming.remote_address();
-            let conn = match timeout_at(deadline, incoming).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => {
-                    tracing::warn!(%remote, "refused a mesh connection: {}", describe_conn_error(&e));
-                    continue;
-                }
-                Err(_) => continue,
-            };
-            let Ok(Ok((send, mut recv))) = timeout_at(deadline, conn.accept_bi()).await else {
-                continue;
-            };
-            match timeout_at(deadline, recv_control(&mut recv)).await {
-                Ok(Ok(Control::PeerHello { version, node }))
-                    if version == PROTOCOL_VERSION
-                        && waiting.contains(&node)
-                        && !same_fingerprint(
-                            &peer_sha256(&conn).unwrap_or_default(),
-                            &table.nodes()[node].cert_sha256,
-                        ) =>
-                {
-                    tracing::warn!(%remote, "refused a mesh connection claiming to be node {node}: its certificate is not the one the rank table names");
-                    conn.close(
-                        VarInt::from_u32(close_code::REFUSED),
-                        b"unknown certificate",
-                    );
-                }
-                Ok(Ok(Control::PeerHello { version, node }))
-                    if version == PROTOCOL_VERSION && waiting.contains(&node) =>
-                {
-                    waiting.retain(|&w| w != node);
-                    peers.push(Peer {
-                        node,
-                        conn,
-                        ctrl_send: send,
-                        ctrl_recv: recv,
-                    });
-                }
-                other => {
-                    tracing::warn!(%remote, "unexpected mesh hello: {other:?}");
-                    conn.close(
-                        VarInt::from_u32(close_code::PROTOCOL),
-                        b"unexpected mesh hello",
-                    );
+                Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
+                    let Ok((remote, shake)) = done else { continue };
+                    let (conn, send, recv, hello) = match shake {
+                        Ok(x) => x,
+                        Err(why) => {
+                            tracing::warn!(%remote, "refused a mesh connection: {why}");
+                            continue;
+                        }
+                    };
+                    match hello {
+                        Control::PeerHello { version, node }
+                            if version == PROTOCOL_VERSION
+                                && waiting.contains(&node)
+                                && !same_fingerprint(
+                                    &peer_sha256(&conn).unwrap_or_default(),
+                                    &table.nodes()[node].cert_sha256,
+                                ) =>
+                        {
+                            tracing::warn!(%remote, "refused a mesh connection claiming to be node {node}: its certificate is not the one the rank table names");
+                            conn.close(VarInt::from_u32(close_code::REFUSED), b"unknown certificate");
+                        }
+                        Control::PeerHello { version, node }
+                            if version == PROTOCOL_VERSION && waiting.contains(&node) =>
+                        {
+                            waiting.retain(|&w| w != node);
+                            peers.push(Peer { node, conn, ctrl_send: send, ctrl_recv: recv });
+                        }
+                        other => {
+                            tracing::warn!(%remote, "unexpected mesh hello: {other:?}");
+                            conn.close(VarInt::from_u32(close_code::PROTOCOL), b"unexpected mesh hello");
+                        }
+                    }
                 }
             }
         }
+        handshakes.abort_all();
     }
     peers.sort_by_key(|p| p.node);
     Ok(peers)
@@ -601,21 +660,25 @@ pub async fn open_lanes(
             Ok::<_, (usize, String)>((node, sends, recvs))
         });
     }
+    let mut pending: Vec<usize> = peers.iter().map(|p| p.node).collect();
     while let Some(res) = match timeout_at(deadline, tasks.join_next()).await {
         Ok(r) => r,
         Err(_) => {
             return Err(RendezvousError::Mesh {
-                node: usize::MAX,
-                reason: "lane streams not opened in time".into(),
+                node: pending.first().copied().unwrap_or(me),
+                reason: format!(
+                    "lane streams not opened in time (still waiting for nodes {pending:?})"
+                ),
             });
         }
     } {
         let (node, sends, recvs) = res
             .map_err(|e| RendezvousError::Mesh {
-                node: usize::MAX,
-                reason: e.to_string(),
+                node: pending.first().copied().unwrap_or(me),
+                reason: format!("a lane set-up task failed: {e}"),
             })?
             .map_err(|(node, reason)| RendezvousError::Mesh { node, reason })?;
+        pending.retain(|&n| n != node);
         for (lane, s) in sends {
             links[lane].add_send(node, s);
         }
@@ -650,14 +713,14 @@ pub async fn goodbye(me: usize, peers: &mut [Peer], within: Duration) -> Result<
         Err(_) => Err(format!("no goodbye within {within:?}")),
     };
     for p in peers.iter_mut().filter(|p| me < p.node) {
-        if let Err(e) = send_control(&mut p.ctrl_send, &Control::Goodbye).await {
+        if let Err(e) = send_control_by(deadline, &mut p.ctrl_send, &Control::Goodbye).await {
             errors.push(format!("node {}: {e}", p.node));
         }
     }
     for p in peers.iter_mut().filter(|p| me > p.node) {
         let r = expect_goodbye(timeout_at(deadline, recv_control(&mut p.ctrl_recv)).await);
         let r = match r {
-            Ok(()) => send_control(&mut p.ctrl_send, &Control::Goodbye).await,
+            Ok(()) => send_control_by(deadline, &mut p.ctrl_send, &Control::Goodbye).await,
             Err(e) => Err(e),
         };
         if let Err(e) = r {

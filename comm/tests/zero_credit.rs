@@ -1,0 +1,64 @@
+//! A token holder that grants no stream credit (its QUIC flow-control windows are 0): the
+//! coordinator's Welcome to it can never be written. The coordinator must end rendezvous by its
+//! deadline with an error naming that node, not wait forever.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::mpsc;
+use std::thread;
+use std::time::{Duration, Instant};
+use wiretrain_comm::{Node, NodeConfig};
+
+#[test]
+fn a_peer_granting_no_stream_credit_fails_rendezvous_by_its_deadline() {
+    let dir = std::env::temp_dir().join(format!("wiretrain-credit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let addr_file = dir.join("addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let af = addr_file.clone();
+    let (tx, rx) = mpsc::channel();
+    let t0 = Instant::now();
+    thread::spawn(move || {
+        let mut cfg = NodeConfig::new(
+            2,
+            Some(0),
+            "127.0.0.1:0".parse().unwrap(),
+            1,
+            common::strong("credit"),
+        )
+        .unwrap();
+        cfg.addr_file(af).rendezvous_timeout(Duration::from_secs(3));
+        let _ = tx.send(Node::join(cfg).map(|_| ()).map_err(|e| e.to_string()));
+    });
+    let master: SocketAddr = loop {
+        if let Ok(s) = std::fs::read_to_string(&addr_file) {
+            break s.trim().parse().unwrap();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "node 0 never listened"
+        );
+        thread::sleep(Duration::from_millis(10));
+    };
+    // The rogue: a member of the job (it holds the token) whose windows are zero.
+    let rogue = thread::spawn(move || {
+        let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("credit")).unwrap();
+        // It would wait 45 s for its Welcome: the coordinator must not wait with it.
+        cfg.bind("127.0.0.2:0".parse().unwrap())
+            .rendezvous_timeout(Duration::from_secs(20));
+        cfg.quic().stream_window(0).conn_window(0);
+        Node::join(cfg).map(|_| ()).map_err(|e| e.to_string())
+    });
+    let coordinator = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the coordinator ended rendezvous by its deadline");
+    let took = t0.elapsed();
+    let err = coordinator.expect_err("the rogue cannot be welcomed");
+    assert!(err.contains("node 1") && err.contains("stalled"), "{err}");
+    assert!(took < Duration::from_secs(15), "{took:?}: {err}");
+    // The rogue gives up too (its own deadline), naming the coordinator.
+    let r = rogue.join().unwrap();
+    assert!(r.is_err(), "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
