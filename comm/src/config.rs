@@ -161,6 +161,9 @@ pub struct NodeConfig {
     pub(crate) addr_file: Option<PathBuf>,
     pub(crate) quic: QuicTuning,
     pub(crate) protocol_version_override: Option<u32>,
+    /// Unit tests: (rank, seq) of the collective whose communication thread panics.
+    #[cfg(test)]
+    pub(crate) test_panic_at: Option<(usize, u64)>,
 }
 
 impl NodeConfig {
@@ -227,6 +230,8 @@ impl NodeConfig {
             addr_file: None,
             quic: QuicTuning::default(),
             protocol_version_override: None,
+            #[cfg(test)]
+            test_panic_at: None,
         })
     }
 

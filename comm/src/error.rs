@@ -161,6 +161,6 @@ pub enum CollectiveError {
     Mismatch { seq: u64, detail: String },
     #[error("invalid collective call: {0}")]
     InvalidCall(String),
-    #[error("the communication worker of rank {rank} is gone (process group shut down)")]
-    WorkerGone { rank: usize },
+    #[error("the communication worker of rank {rank} is gone ({why})")]
+    WorkerGone { rank: usize, why: String },
 }

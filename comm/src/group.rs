@@ -34,6 +34,7 @@ use crate::transport::quic::{self, LaneLinks, RawBuf, RingJob, close_code};
 use crate::wire::WireDtype;
 use quinn::{Endpoint, VarInt};
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -120,6 +121,20 @@ pub struct Work<T> {
     id: OpId,
     rank: usize,
     rx: mpsc::Receiver<Result<T, Error>>,
+    /// Why the communication thread ended, when it did (a panic's message).
+    gone: Gone,
+}
+
+/// Why a rank's communication thread ended early (set by the thread as it stops).
+type Gone = Arc<std::sync::Mutex<Option<String>>>;
+
+fn worker_gone(rank: usize, gone: &Gone) -> Error {
+    let why = gone
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .unwrap_or_else(|| "process group shut down".into());
+    Error::Collective(CollectiveError::WorkerGone { rank, why })
 }
 
 impl<T> Work<T> {
@@ -131,9 +146,7 @@ impl<T> Work<T> {
     pub fn wait(self) -> Result<T, Error> {
         self.rx
             .recv()
-            .unwrap_or(Err(Error::Collective(CollectiveError::WorkerGone {
-                rank: self.rank,
-            })))
+            .unwrap_or_else(|_| Err(worker_gone(self.rank, &self.gone)))
     }
 
     /// Returns the result if the collective has completed, or the handle back.
@@ -141,11 +154,7 @@ impl<T> Work<T> {
         match self.rx.try_recv() {
             Ok(r) => Ok(r),
             Err(mpsc::TryRecvError::Empty) => Err(self),
-            Err(mpsc::TryRecvError::Disconnected) => {
-                Ok(Err(Error::Collective(CollectiveError::WorkerGone {
-                    rank: self.rank,
-                })))
-            }
+            Err(mpsc::TryRecvError::Disconnected) => Ok(Err(worker_gone(self.rank, &self.gone))),
         }
     }
 }
@@ -155,13 +164,12 @@ type Job = Box<dyn FnOnce(&mut Executor) + Send>;
 /// Hands the buffer back after a successful collective. After a failure other local ranks may
 /// still be reading or writing it (they learn of the failure at their next barrier), so it is
 /// leaked rather than freed: the group is dead anyway, and a leak is safe where a free is not.
-fn keep_or_leak(r: Result<(), Error>, buf: Vec<f32>) -> Result<Vec<f32>, Error> {
+/// Every collective holds its buffer in a `ManuallyDrop` until here, so a panic in between
+/// (which unwinds past this call) leaks it too.
+fn keep_or_leak(r: Result<(), Error>, buf: ManuallyDrop<Vec<f32>>) -> Result<Vec<f32>, Error> {
     match r {
-        Ok(()) => Ok(buf),
-        Err(e) => {
-            std::mem::forget(buf);
-            Err(e)
-        }
+        Ok(()) => Ok(ManuallyDrop::into_inner(buf)),
+        Err(e) => Err(e),
     }
 }
 
@@ -177,6 +185,7 @@ pub struct ProcessGroup {
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
     flight: Arc<std::sync::Mutex<crate::flight::FlightRecorder>>,
     wire: WireDtype,
+    gone: Gone,
     /// The deadline of each collective submitted from now on (the node's collective timeout
     /// unless [`ProcessGroup::set_timeout`] says otherwise).
     timeout: Duration,
@@ -337,6 +346,7 @@ impl ProcessGroup {
             id,
             rank: self.rank,
             rx,
+            gone: self.gone.clone(),
         }
     }
 
@@ -352,13 +362,14 @@ impl ProcessGroup {
             },
             rank: self.rank,
             rx,
+            gone: self.gone.clone(),
         }
     }
 
     /// Sums (or averages) `buf` across all ranks, in place.
     pub fn all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.submit(OpKind::AllReduce, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
             keep_or_leak(r, buf)
@@ -370,7 +381,7 @@ impl ProcessGroup {
     pub fn reduce_scatter(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         let range = self.shard_range(buf.len());
         self.submit(OpKind::ReduceScatter, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
             keep_or_leak(r, buf).map(|b| b[range].to_vec())
@@ -381,7 +392,7 @@ impl ProcessGroup {
     /// `shard_range(buf.len())` (the rest is scratch). No allocation.
     pub fn reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.submit(OpKind::ReduceScatter, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
             keep_or_leak(r, buf)
@@ -392,7 +403,7 @@ impl ProcessGroup {
     /// `shard_range(buf.len())`; it comes back complete. No allocation.
     pub fn all_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.submit(OpKind::AllGather, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
             keep_or_leak(r, buf)
@@ -414,7 +425,7 @@ impl ProcessGroup {
             return self.invalid(OpKind::AllGather, why);
         }
         self.submit(OpKind::AllGather, 4 * total, move |ex, id| {
-            let mut buf = vec![0.0f32; total];
+            let mut buf = ManuallyDrop::new(vec![0.0f32; total]);
             buf[range].copy_from_slice(&shard);
             let r = ex.collective(id, &mut buf, total, 0, ReduceOp::Sum);
             keep_or_leak(r, buf)
@@ -431,7 +442,7 @@ impl ProcessGroup {
             return self.invalid(OpKind::Broadcast, why);
         }
         self.submit(OpKind::Broadcast, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, root, ReduceOp::Sum);
             keep_or_leak(r, buf)
@@ -441,7 +452,7 @@ impl ProcessGroup {
     /// Blocks until every rank has reached the barrier.
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.submit(OpKind::Barrier, 0, |ex, id| {
-            let mut one = vec![0.0f32];
+            let mut one = ManuallyDrop::new(vec![0.0f32]);
             let r = ex.collective(id, &mut one, 1, 0, ReduceOp::Sum);
             keep_or_leak(r, one).map(|_| ())
         })
@@ -466,7 +477,7 @@ impl ProcessGroup {
     /// all-reducing its own (HSDP: shard inside the node, replicate across nodes).
     pub fn hybrid_reduce_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.submit(OpKind::HybridReduce, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
             keep_or_leak(r, buf)
@@ -477,7 +488,7 @@ impl ProcessGroup {
     /// back complete from the node's other ranks, with no traffic between nodes.
     pub fn node_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.submit(OpKind::NodeGather, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
             keep_or_leak(r, buf)
@@ -488,7 +499,7 @@ impl ProcessGroup {
     /// byte crosses nodes (DiLoCo's inner steps). Mean divides by the node's rank count.
     pub fn node_all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.submit(OpKind::NodeReduce, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
             keep_or_leak(r, buf)
@@ -501,7 +512,7 @@ impl ProcessGroup {
     /// node). Mean divides by the node's rank count.
     pub fn node_reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.submit(OpKind::NodeReduceScatter, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let len = buf.len();
             let r = ex.collective(id, &mut buf, len, 0, op);
             keep_or_leak(r, buf)
@@ -513,7 +524,7 @@ impl ProcessGroup {
     /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
     pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.submit(OpKind::P2p, 4 * buf.len(), move |ex, id| {
-            let mut buf = buf;
+            let mut buf = ManuallyDrop::new(buf);
             let r = ex.p2p(id, &mut buf);
             keep_or_leak(r, buf)
         })
@@ -605,6 +616,9 @@ struct Executor {
     inter: Option<(f64, u64)>,
     /// The wire dtype of the collective being run.
     wire: WireDtype,
+    /// Unit tests: (rank, seq) of the collective that panics after its first barrier.
+    #[cfg(test)]
+    panic_at: Option<(usize, u64)>,
 }
 
 impl Executor {
@@ -804,6 +818,14 @@ impl Executor {
         // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
         let raw = unsafe { RawBuf::from_raw(ptr, buf.len()) };
         self.barrier(id, bytes, deadline)?;
+        // Test hook: a panic between barriers, with the other local ranks using the buffer.
+        #[cfg(test)]
+        if self.panic_at == Some((self.rank, id.seq)) {
+            panic!(
+                "injected panic in collective seq {} of rank {}",
+                id.seq, self.rank
+            );
+        }
         let peers = self
             .shared
             .peers(j)
@@ -1172,6 +1194,8 @@ impl Node {
                 on_fail: on_fail.clone(),
                 inter: None,
                 wire: WireDtype::F32,
+                #[cfg(test)]
+                panic_at: cfg.test_panic_at,
             };
             let aborter = Aborter {
                 shared: shared.clone(),
@@ -1179,12 +1203,29 @@ impl Node {
                 local,
                 rank,
             };
+            let on_panic = aborter.clone();
+            let gone: Gone = Arc::default();
+            let gone_w = gone.clone();
             let (tx, rx) = mpsc::channel::<Job>();
             let worker = std::thread::Builder::new()
                 .name(format!("wiretrain-comm-{rank}"))
                 .spawn(move || {
                     while let Ok(job) = rx.recv() {
-                        job(&mut ex);
+                        // A panic here may come between barriers, with other local ranks
+                        // using this rank's buffer: the collective leaked it (it was held in
+                        // a ManuallyDrop), and the node fails at once with the message.
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            job(&mut ex);
+                        }));
+                        if let Err(p) = r {
+                            let why = format!(
+                                "local rank {local} panicked in its communication thread: {}",
+                                crate::abort::panic_message(&*p)
+                            );
+                            *gone_w.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                            on_panic.abort(&why);
+                            break;
+                        }
                     }
                 })
                 .map_err(|source| Error::Io {
@@ -1205,6 +1246,7 @@ impl Node {
                 ))),
                 wire: WireDtype::F32,
                 timeout: cfg.collective_timeout,
+                gone,
                 aborter,
             });
         }
@@ -1289,3 +1331,6 @@ fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {
     std::fs::write(&tmp, text)?;
     std::fs::rename(tmp, path)
 }
+
+#[cfg(test)]
+mod panic_tests;
