@@ -36,6 +36,13 @@ impl Aborter {
         (self.on_fail)(format!("rank {} failed: {reason}", self.rank));
     }
 
+    /// This rank left the job without failing (its process group was dropped): local peers
+    /// that still wait for it fail at once instead of waiting out the collective timeout.
+    pub fn leave(&self, reason: &str) {
+        self.shared
+            .leave(self.local, format!("rank {}: {reason}", self.rank));
+    }
+
     /// The global rank this handle fails in the name of.
     pub fn rank(&self) -> usize {
         self.rank

@@ -323,7 +323,12 @@ impl ProcessGroup {
             ex.inter = None;
             ex.wire = wire;
             ex.timeout = timeout;
-            let r = run(ex, id);
+            // A panic fails the node here, so this collective's caller gets its message (the
+            // buffer it held is leaked: see `keep_or_leak`).
+            let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(ex, id))) {
+                Ok(r) => r,
+                Err(p) => Err(ex.panicked(&crate::abort::panic_message(&*p))),
+            };
             let mut f = lock(&flight);
             f.inter_link(id.seq, ex.inter.take());
             f.finished(id.seq, r.as_ref().err().map(|e| crate::error::report(e)));
@@ -538,6 +543,11 @@ impl Drop for ProcessGroup {
         if std::thread::panicking() {
             let why = crate::abort::current_panic().unwrap_or_else(|| "see its stderr".into());
             self.aborter.abort(&format!("panicked: {why}"));
+        } else {
+            self.aborter.leave(&format!(
+                "left the job after its collective #{} (its process group was dropped)",
+                self.next_seq
+            ));
         }
         self.tx.take();
         if let Some(w) = self.worker.take() {
@@ -623,6 +633,21 @@ struct Executor {
 
 impl Executor {
     fn fail(&mut self, id: OpId, e: CollectiveError) -> Error {
+        // When another local rank already failed this node, that is the cause: report it, not
+        // its echo (e.g. the connections the node closed because of it).
+        if let Some((r, why)) = self.shared.aborted()
+            && r != self.local
+        {
+            let e = CollectiveError::PeerFailed {
+                op: id.kind.name(),
+                seq: id.seq,
+                rank: self.rank,
+                peer: self.table.global_rank(self.node, r),
+                reason: why,
+            };
+            self.failed = Some(crate::error::report(&e));
+            return e.into();
+        }
         let msg = crate::error::report(&e);
         tracing::error!(rank = self.rank, op = %id, "{msg}");
         self.failed = Some(msg.clone());
@@ -648,6 +673,18 @@ impl Executor {
                 self.failed = Some(crate::error::report(&e));
                 Err(e.into())
             }
+            Err(BarrierError::Departed { rank, reason }) => {
+                // Nobody failed yet: fail the node (and through it the other nodes) now.
+                let peer = self.table.global_rank(self.node, rank);
+                let e = CollectiveError::PeerFailed {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    rank: self.rank,
+                    peer,
+                    reason,
+                };
+                Err(self.fail(id, e))
+            }
             Err(BarrierError::Timeout { missing }) => {
                 let missing: Vec<usize> = missing
                     .iter()
@@ -666,6 +703,26 @@ impl Executor {
                 Err(self.fail(id, e))
             }
         }
+    }
+
+    /// This rank's communication thread panicked in a collective: fail the node with the
+    /// message (other local ranks' barriers, other nodes through the connections' close) and
+    /// refuse every later collective of this rank.
+    fn panicked(&mut self, message: &str) -> Error {
+        let why = format!(
+            "local rank {} panicked in its communication thread: {message}",
+            self.local
+        );
+        tracing::error!(rank = self.rank, "{why}");
+        self.shared
+            .abort(self.local, format!("rank {}: {why}", self.rank));
+        (self.on_fail)(format!("rank {} failed: {why}", self.rank));
+        self.failed = Some(why.clone());
+        CollectiveError::WorkerGone {
+            rank: self.rank,
+            why,
+        }
+        .into()
     }
 
     fn check_healthy(&self, id: OpId) -> Result<(), Error> {

@@ -260,7 +260,9 @@ pub async fn coordinate(
                         return;
                     };
                     match tokio::time::timeout(Duration::from_secs(10), recv_control(&mut recv)).await {
-                        Ok(Ok(hello)) => { let _ = tx.send(Arrival { conn, send, recv, hello }).await; }
+                        // The coordinator's loop takes arrivals at once; a full queue (a
+                        // flood) drops this one rather than waiting without a bound.
+                        Ok(Ok(hello)) => { let _ = tx.send_timeout(Arrival { conn, send, recv, hello }, Duration::from_secs(10)).await; }
                         Ok(Err(e)) => {
                             tracing::warn!(%remote, "bad hello: {e}");
                             conn.close(VarInt::from_u32(close_code::PROTOCOL), format!("bad hello: {e}").as_bytes());

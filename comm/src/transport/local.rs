@@ -45,6 +45,8 @@ pub enum BarrierError {
     Aborted { rank: usize, reason: String },
     /// The wait exceeded its timeout; `missing` are the local ranks that had not arrived.
     Timeout { missing: Vec<usize> },
+    /// Local rank `rank`, which this wait needs, left the job (its process group was dropped).
+    Departed { rank: usize, reason: String },
 }
 
 struct BarrierState {
@@ -52,6 +54,8 @@ struct BarrierState {
     count: usize,
     generation: u64,
     aborted: Option<(usize, String)>,
+    /// Ranks that left the job, with why.
+    left: Vec<Option<String>>,
 }
 
 /// The shared state of the ranks of one node.
@@ -72,6 +76,7 @@ impl NodeShared {
                 count: 0,
                 generation: 0,
                 aborted: None,
+                left: vec![None; ranks],
             }),
             cv: Condvar::new(),
         }
@@ -115,6 +120,15 @@ impl NodeShared {
                     reason: why.clone(),
                 });
             }
+            // A rank this barrier still waits for will never come.
+            if let Some(r) = (0..self.ranks).find(|&i| !st.arrived[i] && st.left[i].is_some()) {
+                st.arrived[rank] = false;
+                st.count -= 1;
+                return Err(BarrierError::Departed {
+                    rank: r,
+                    reason: st.left[r].clone().unwrap_or_default(),
+                });
+            }
             let now = Instant::now();
             if now >= deadline {
                 let missing: Vec<usize> = (0..self.ranks).filter(|&i| !st.arrived[i]).collect();
@@ -146,6 +160,20 @@ impl NodeShared {
             }),
             None => Ok(()),
         }
+    }
+
+    /// Which local rank poisoned the node, and why (`None` while it is healthy).
+    pub fn aborted(&self) -> Option<(usize, String)> {
+        let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.aborted.clone()
+    }
+
+    /// Local rank `rank` left the job: a barrier that waits for it fails at once (barriers it
+    /// already passed, and ranks that finish cleanly, are unaffected).
+    pub fn leave(&self, rank: usize, reason: String) {
+        let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        st.left[rank] = Some(reason);
+        self.cv.notify_all();
     }
 
     /// Poisons the node: every current and future barrier wait fails with this reason.

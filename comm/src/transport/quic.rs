@@ -343,7 +343,19 @@ impl LaneLinks {
         }
     }
 
-    fn read_err(&self, node: usize, e: quinn::ReadExactError) -> LaneError {
+    /// A failed read. A stream that ended early (finished or reset) usually means the peer
+    /// node is failing and its connection close, which carries the reason, is on its way:
+    /// wait a moment for it and report that reason instead.
+    async fn read_err(&self, node: usize, e: quinn::ReadExactError) -> LaneError {
+        if !matches!(
+            e,
+            quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(_))
+        ) && let Some((c, _)) = self.peers.get(&node)
+            && let Ok(closed) =
+                tokio::time::timeout(std::time::Duration::from_secs(1), c.closed()).await
+        {
+            return self.lost(node, &closed);
+        }
         match e {
             quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(c)) => {
                 self.lost(node, &c)
@@ -497,7 +509,7 @@ impl LaneLinks {
 
         match tokio::try_join!(sender, receiver) {
             Ok(_) => Ok(()),
-            Err(Fail::Read(e)) => Err(self.read_err(job.prev, e)),
+            Err(Fail::Read(e)) => Err(self.read_err(job.prev, e).await),
             Err(Fail::Wire(w)) => Err(self.protocol(job.prev, w)),
             Err(Fail::Write(e)) => Err(self.write_err(job.next, e)),
         }
@@ -534,7 +546,7 @@ impl LaneLinks {
                     }
                     let recv = self.recv.get_mut(&p).expect("checked");
                     if let Err(e) = recv.read_exact(&mut hb).await {
-                        return Err(self.read_err(p, e));
+                        return Err(self.read_err(p, e).await);
                     }
                     let got = FrameHeader::decode(&hb, crate::group::OpKind::MAX_CODE)
                         .and_then(|g| g.expect(&want).map(|()| g));
@@ -545,7 +557,7 @@ impl LaneLinks {
                     let dst = unsafe { buf.write(fr.clone()) };
                     let recv = self.recv.get_mut(&p).expect("checked");
                     if let Err(e) = recv.read_exact(bytemuck::cast_slice_mut(dst)).await {
-                        return Err(self.read_err(p, e));
+                        return Err(self.read_err(p, e).await);
                     }
                 }
                 if let Some(n) = to {
