@@ -132,15 +132,18 @@ fn a_cut_link_stops_both_training_nodes_within_30_s() {
 ///
 /// The lab measures time on a shared 2-core VM, where the same compute has been seen to take
 /// 553 ms in one row and 736 ms in the next (host steal), so a prediction may miss in one lab
-/// run through no fault of the planner: the lab runs up to `LAB_ATTEMPTS` times and the test
-/// passes when one run has both predictions within 20 %. A planner that is wrong misses every
-/// run and fails; every structural check holds on every run.
+/// run through no fault of the planner. A miss is retried only while the host is seen to be
+/// noisy: the first miss runs the lab again; a later miss is retried only when some row's
+/// measured step differs by more than 20 % between the last two runs (the same work, timed
+/// twice). Two runs that agree and both miss fail the test: that is the planner. Every run is
+/// reported; every structural check holds on every run.
 #[test]
 fn the_lab_measures_and_the_planner_predicts_a_shaped_run() {
     const LAB_ATTEMPTS: usize = 3;
     let _one = lab_lock();
     let csv = std::env::temp_dir().join(format!("wiretrain-lab-{}.csv", std::process::id()));
     let mut misses = Vec::new();
+    let mut last_steps: Option<Vec<f64>> = None;
     for attempt in 1..=LAB_ATTEMPTS {
         let Some(_) = lab(
             "lab.sh",
@@ -191,6 +194,24 @@ fn the_lab_measures_and_the_planner_predicts_a_shaped_run() {
             break;
         }
         misses.push(body.clone());
+        let steps = vec![step(unshaped), step(shaped)];
+        if let Some(prev) = &last_steps {
+            let spread = prev
+                .iter()
+                .zip(&steps)
+                .map(|(a, b)| (a - b).abs() / a.min(*b))
+                .fold(0.0, f64::max);
+            eprintln!(
+                "lab run {attempt}: largest change of a row's step since the last run {spread:.3}"
+            );
+            assert!(
+                spread > 0.2,
+                "the prediction missed by more than 20 % in two runs whose measurements agree \
+                 within 20 % (no host noise to blame):\n{}",
+                misses.join("\n")
+            );
+        }
+        last_steps = Some(steps);
         assert!(
             attempt < LAB_ATTEMPTS,
             "prediction off by more than 20 % in all {LAB_ATTEMPTS} lab runs:\n{}",
