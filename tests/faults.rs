@@ -19,9 +19,13 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn spawn(args: &[&str], token: &str) -> Child {
+    spawn_env(args, &[("WIRETRAIN_TOKEN", token)])
+}
+
+fn spawn_env(args: &[&str], envs: &[(&str, &str)]) -> Child {
     Command::new(common::bin())
         .args(args)
-        .env("WIRETRAIN_TOKEN", token)
+        .envs(envs.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -30,6 +34,10 @@ fn spawn(args: &[&str], token: &str) -> Child {
 
 /// Starts node 0 of a 2-node bench and returns it with its address.
 fn node0(dir: &std::path::Path, token: &str, extra: &[&str]) -> (Child, String) {
+    node0_env(dir, &[("WIRETRAIN_TOKEN", token)], extra)
+}
+
+fn node0_env(dir: &std::path::Path, envs: &[(&str, &str)], extra: &[&str]) -> (Child, String) {
     let addr_file = dir.join("addr");
     let af = addr_file.to_str().unwrap();
     let mut args = vec![
@@ -44,7 +52,7 @@ fn node0(dir: &std::path::Path, token: &str, extra: &[&str]) -> (Child, String) 
         af,
     ];
     args.extend_from_slice(extra);
-    let mut child = spawn(&args, token);
+    let mut child = spawn_env(&args, envs);
     let t0 = Instant::now();
     loop {
         if let Ok(s) = std::fs::read_to_string(&addr_file) {
@@ -61,6 +69,10 @@ fn node0(dir: &std::path::Path, token: &str, extra: &[&str]) -> (Child, String) 
 
 /// Starts node 1 of a 2-node bench against node 0 at `addr`.
 fn node1(addr: &str, token: &str, extra: &[&str]) -> Child {
+    node1_env(addr, &[("WIRETRAIN_TOKEN", token)], extra)
+}
+
+fn node1_env(addr: &str, envs: &[(&str, &str)], extra: &[&str]) -> Child {
     let mut args = vec![
         "bench",
         "--nnodes",
@@ -71,7 +83,7 @@ fn node1(addr: &str, token: &str, extra: &[&str]) -> Child {
         addr,
     ];
     args.extend_from_slice(extra);
-    spawn(&args, token)
+    spawn_env(&args, envs)
 }
 
 /// Waits for a child with a limit; returns (success, stderr, elapsed).
@@ -127,6 +139,46 @@ fn wrong_token_is_refused_and_the_missing_node_is_named() {
         "node 0 stderr: {err0}"
     );
     assert!(err0.contains("never seen: [1]"), "node 0 stderr: {err0}");
+}
+
+/// The same token but another job id (`WIRETRAIN_JOB_ID`, else Slurm's job id): a process of
+/// an earlier job that used the token is refused like a stranger.
+#[test]
+fn another_job_with_the_same_token_is_refused() {
+    let d = tmp("job-id");
+    let (n0, addr) = node0_env(
+        &d,
+        &[("WIRETRAIN_TOKEN", TOK), ("WIRETRAIN_JOB_ID", "job-7")],
+        &QUICK,
+    );
+    let n1 = node1_env(
+        &addr,
+        &[("WIRETRAIN_TOKEN", TOK), ("WIRETRAIN_JOB_ID", "job-6")],
+        &QUICK,
+    );
+    let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
+    assert!(!ok1);
+    assert!(
+        err1.contains("different job token or job id"),
+        "node 1 stderr: {err1}"
+    );
+    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
+    assert!(!ok0, "{err0}");
+    // The same job id on both: they form the job.
+    let d = tmp("job-id-same");
+    let (n0, addr) = node0_env(
+        &d,
+        &[("WIRETRAIN_TOKEN", TOK), ("SLURM_JOB_ID", "4242")],
+        &QUICK,
+    );
+    let n1 = node1_env(
+        &addr,
+        &[("WIRETRAIN_TOKEN", TOK), ("SLURM_JOB_ID", "4242")],
+        &QUICK,
+    );
+    let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
+    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
+    assert!(ok0 && ok1, "{err0}\n{err1}");
 }
 
 #[test]

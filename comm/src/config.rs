@@ -161,6 +161,8 @@ pub struct NodeConfig {
     pub(crate) addr_file: Option<PathBuf>,
     pub(crate) quic: QuicTuning,
     pub(crate) protocol_version_override: Option<u32>,
+    /// The job's nonce, mixed into the job CA with the token (see [`NodeConfig::job_id`]).
+    pub(crate) job_id: Option<String>,
     /// Unit tests: (rank, seq) of the collective whose communication thread panics.
     #[cfg(test)]
     pub(crate) test_panic_at: Option<(usize, u64)>,
@@ -230,6 +232,7 @@ impl NodeConfig {
             addr_file: None,
             quic: QuicTuning::default(),
             protocol_version_override: None,
+            job_id: None,
             #[cfg(test)]
             test_panic_at: None,
         })
@@ -275,6 +278,15 @@ impl NodeConfig {
         self.addr_file = Some(p);
         self
     }
+    /// A nonce of this job (the launcher's, Slurm's job id), the same on every node: mixed into
+    /// the job CA with the token, so a process of an earlier job that used the same token is
+    /// not a member of this one. Nodes with different job ids refuse each other as they refuse
+    /// another token.
+    pub fn job_id(&mut self, id: impl Into<String>) -> &mut Self {
+        self.job_id = Some(id.into());
+        self
+    }
+
     /// Announce another protocol version at rendezvous (for testing version checks only).
     #[doc(hidden)]
     pub fn protocol_version_override(&mut self, v: u32) -> &mut Self {

@@ -94,7 +94,7 @@ pub enum TransportError {
 #[non_exhaustive]
 pub enum RendezvousError {
     #[error(
-        "refused by the coordinator at {addr}: it presented a certificate of a different job token (check WIRETRAIN_TOKEN / --token-file on every node)"
+        "refused by the coordinator at {addr}: it presented a certificate of a different job token or job id (check WIRETRAIN_TOKEN / --token-file and WIRETRAIN_JOB_ID / SLURM_JOB_ID on every node)"
     )]
     WrongToken { addr: SocketAddr },
     #[error("refused by the coordinator: {reason}")]

@@ -1194,7 +1194,7 @@ impl Node {
                 context: "starting the network runtime",
                 source,
             })?;
-        let identity = JobIdentity::from_token(&cfg.token)?;
+        let identity = JobIdentity::for_job(&cfg.token, cfg.job_id.as_deref())?;
         let fingerprint = identity.fingerprint();
         let (endpoint, node, table, peers, lanes) = runtime.block_on(async {
             let ep = quic::endpoint(cfg.bind, &identity, &cfg.quic)?;

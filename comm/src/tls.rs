@@ -170,12 +170,33 @@ pub fn same_fingerprint(a: &str, b: &str) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+/// How long a node certificate is valid: from a day before it was made (clocks of the nodes
+/// may differ) to this long after.
+pub const NODE_CERT_VALIDITY: std::time::Duration = std::time::Duration::from_secs(30 * 86_400);
+
 impl JobIdentity {
+    /// The identity of a job known by its token alone (see [`JobIdentity::for_job`]).
     pub fn from_token(token: &Token) -> Result<Self, TransportError> {
+        Self::for_job(token, None)
+    }
+
+    /// The identity of job `job_id` (the launcher's nonce, Slurm's job id): mixed into the job
+    /// CA, so a process of an earlier job that used the same token is not a member of this one.
+    pub fn for_job(token: &Token, job_id: Option<&str>) -> Result<Self, TransportError> {
         let tls = |e: String| TransportError::Tls(e);
         let mac_key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, token.expose());
-        let seed = ring::hmac::sign(&mac_key, b"wiretrain job identity v1");
-        let seed: [u8; 32] = seed.as_ref().try_into().expect("sha256 is 32 bytes");
+        let derive = |label: &str| -> [u8; 32] {
+            let mut msg = label.as_bytes().to_vec();
+            if let Some(j) = job_id {
+                msg.extend_from_slice(b"\0job:");
+                msg.extend_from_slice(j.as_bytes());
+            }
+            ring::hmac::sign(&mac_key, &msg)
+                .as_ref()
+                .try_into()
+                .expect("sha256 is 32 bytes")
+        };
+        let seed = derive("wiretrain job identity v1");
         let pair = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed)
             .map_err(|e| tls(format!("ed25519 seed: {e}")))?;
         use ring::signature::KeyPair as _;
@@ -190,7 +211,10 @@ impl JobIdentity {
                 .map_err(|e| tls(format!("rcgen key: {e}")))?;
         let mut ca = rcgen::CertificateParams::new(Vec::<String>::new())
             .map_err(|e| tls(format!("certificate params: {e}")))?;
-        ca.serial_number = Some(rcgen::SerialNumber::from_slice(&seed[..16]));
+        // The serial is public: its own derivation, never a part of the key's seed.
+        ca.serial_number = Some(rcgen::SerialNumber::from_slice(
+            &derive("wiretrain job CA serial v1")[..16],
+        ));
         ca.distinguished_name = rcgen::DistinguishedName::new();
         ca.distinguished_name
             .push(rcgen::DnType::CommonName, "wiretrain job CA");
@@ -209,6 +233,10 @@ impl JobIdentity {
         node.distinguished_name = rcgen::DistinguishedName::new();
         node.distinguished_name
             .push(rcgen::DnType::CommonName, "wiretrain node");
+        // Valid for the job, not for ever (rcgen's default runs to the year 4096).
+        let now = time::OffsetDateTime::now_utc();
+        node.not_before = now - time::Duration::days(1);
+        node.not_after = now + NODE_CERT_VALIDITY;
         node.extended_key_usages = vec![
             rcgen::ExtendedKeyUsagePurpose::ServerAuth,
             rcgen::ExtendedKeyUsagePurpose::ClientAuth,
@@ -379,6 +407,56 @@ mod tests {
             .unwrap();
         assert!(same_fingerprint("ab", "ab") && !same_fingerprint("ab", "ac"));
         assert!(!same_fingerprint("ab", "abc"));
+    }
+
+    #[test]
+    fn the_job_id_is_part_of_the_ca_and_the_serial_reveals_no_seed() {
+        let t = Token::generate();
+        let a = JobIdentity::for_job(&t, Some("job-1")).unwrap();
+        let a2 = JobIdentity::for_job(&t, Some("job-1")).unwrap();
+        let b = JobIdentity::for_job(&t, Some("job-2")).unwrap();
+        let none = JobIdentity::from_token(&t).unwrap();
+        assert_eq!(a.ca_cert, a2.ca_cert);
+        assert_ne!(a.ca_cert, b.ca_cert, "another job, another CA");
+        assert_ne!(a.ca_cert, none.ca_cert);
+        // The CA key's seed appears nowhere in the public certificate (its serial once held
+        // half of it).
+        let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, t.expose());
+        let seed = ring::hmac::sign(&key, b"wiretrain job identity v1\0job:job-1");
+        for half in seed.as_ref().chunks(16) {
+            assert!(!a.ca_cert.windows(16).any(|w| w == half));
+        }
+        // A node certificate of job-1 does not verify under job-2's CA.
+        let verify = |roots: &Arc<RootCertStore>, cert: &CertificateDer<'static>, at: u64| {
+            WebPkiClientVerifier::builder_with_provider(
+                roots.clone(),
+                Arc::new(rustls::crypto::ring::default_provider()),
+            )
+            .build()
+            .unwrap()
+            .verify_client_cert(
+                cert,
+                &[],
+                UnixTime::since_unix_epoch(std::time::Duration::from_secs(at)),
+            )
+            .is_ok()
+        };
+        let now = UnixTime::now().as_secs();
+        assert!(verify(&a.roots, &a2.cert, now));
+        assert!(!verify(&b.roots, &a.cert, now));
+        // Node certificates are valid around now, not for ever.
+        assert!(verify(&a.roots, &a.cert, now - 3600));
+        assert!(!verify(&a.roots, &a.cert, now - 3 * 86_400));
+        assert!(verify(
+            &a.roots,
+            &a.cert,
+            now + NODE_CERT_VALIDITY.as_secs() - 3600
+        ));
+        assert!(!verify(
+            &a.roots,
+            &a.cert,
+            now + NODE_CERT_VALIDITY.as_secs() + 3600
+        ));
     }
 
     #[test]

@@ -24,6 +24,9 @@ pub mod env {
     pub const ADDR_FILE: &str = "WIRETRAIN_ADDR_FILE";
     pub const TOKEN: &str = "WIRETRAIN_TOKEN";
     pub const TOKEN_FILE: &str = "WIRETRAIN_TOKEN_FILE";
+    /// A nonce of the job, the same on every node (`launch --local` makes one up; else
+    /// Slurm's `SLURM_JOB_ID` or torchrun's `TORCHELASTIC_RUN_ID` is used).
+    pub const JOB_ID: &str = "WIRETRAIN_JOB_ID";
 }
 
 /// A job setting that cannot be used; the message names the setting and how to fix it.
@@ -215,6 +218,16 @@ impl JobOptions {
             .map_err(|err| e("node configuration", &err))?;
         if let Some(b) = self.bind {
             cfg.bind(b);
+        }
+        let job_id = [env::JOB_ID, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"]
+            .iter()
+            .find_map(|k| {
+                std::env::var(k)
+                    .ok()
+                    .filter(|v| !v.is_empty() && v != "none")
+            });
+        if let Some(j) = job_id {
+            cfg.job_id(j);
         }
         if let Some(p) = &self.addr_file {
             cfg.addr_file(p.clone());

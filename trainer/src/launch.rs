@@ -227,6 +227,11 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
     let dir = temp_dir()?;
     let addr_file = dir.join("master.addr");
     let token = job_token();
+    // This launch's nonce (mixed into the job CA): the caller's, else a fresh one.
+    let job_id = std::env::var(env::JOB_ID)
+        .ok()
+        .filter(|j| !j.is_empty())
+        .unwrap_or_else(|| format!("local-{:016x}", rand::random::<u64>()));
     let spawn = |node: usize, master: &str| -> Result<Child, LaunchError> {
         let bind = format!("{}:0", node_ip(node));
         let place = if node == 0 {
@@ -235,7 +240,7 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
             Place::Bind(&bind)
         };
         let mut c = target.command(&exe, nodes, node, master, place);
-        c.env(env::TOKEN, &token);
+        c.env(env::TOKEN, &token).env(env::JOB_ID, &job_id);
         let child = c
             .spawn()
             .map_err(|source| LaunchError::Spawn { node, source })?;
