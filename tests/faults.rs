@@ -141,43 +141,31 @@ fn wrong_token_is_refused_and_the_missing_node_is_named() {
     assert!(err0.contains("never seen: [1]"), "node 0 stderr: {err0}");
 }
 
+/// Two bench nodes with one token and these extra variables each: (ok, stderr) of node 0 and
+/// of node 1.
+fn pair(name: &str, env0: (&str, &str), env1: (&str, &str)) -> ((bool, String), (bool, String)) {
+    let d = tmp(name);
+    let (n0, addr) = node0_env(&d, &[("WIRETRAIN_TOKEN", TOK), env0], &QUICK);
+    let n1 = node1_env(&addr, &[("WIRETRAIN_TOKEN", TOK), env1], &QUICK);
+    let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
+    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
+    ((ok0, err0), (ok1, err1))
+}
+
 /// The same token but another job id (`WIRETRAIN_JOB_ID`, else Slurm's job id): a process of
 /// an earlier job that used the token is refused like a stranger.
 #[test]
 fn another_job_with_the_same_token_is_refused() {
-    let d = tmp("job-id");
-    let (n0, addr) = node0_env(
-        &d,
-        &[("WIRETRAIN_TOKEN", TOK), ("WIRETRAIN_JOB_ID", "job-7")],
-        &QUICK,
-    );
-    let n1 = node1_env(
-        &addr,
-        &[("WIRETRAIN_TOKEN", TOK), ("WIRETRAIN_JOB_ID", "job-6")],
-        &QUICK,
-    );
-    let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
-    assert!(!ok1);
+    let job = "WIRETRAIN_JOB_ID";
+    let ((ok0, err0), (ok1, err1)) = pair("job-id", (job, "job-7"), (job, "job-6"));
+    assert!(!ok0 && !ok1, "{err0}\n{err1}");
     assert!(
         err1.contains("different job token or job id"),
         "node 1 stderr: {err1}"
     );
-    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
-    assert!(!ok0, "{err0}");
     // The same job id on both: they form the job.
-    let d = tmp("job-id-same");
-    let (n0, addr) = node0_env(
-        &d,
-        &[("WIRETRAIN_TOKEN", TOK), ("SLURM_JOB_ID", "4242")],
-        &QUICK,
-    );
-    let n1 = node1_env(
-        &addr,
-        &[("WIRETRAIN_TOKEN", TOK), ("SLURM_JOB_ID", "4242")],
-        &QUICK,
-    );
-    let (ok1, err1, _) = finish(n1, Duration::from_secs(30));
-    let (ok0, err0, _) = finish(n0, Duration::from_secs(30));
+    let slurm = "SLURM_JOB_ID";
+    let ((ok0, err0), (ok1, err1)) = pair("job-id-same", (slurm, "4242"), (slurm, "4242"));
     assert!(ok0 && ok1, "{err0}\n{err1}");
 }
 
@@ -268,6 +256,7 @@ fn killed_peer_is_named_within_the_timeout() {
         flight.ends_with(format!("wiretrain-flight-{pid0}-rank0.json")),
         "{flight:?}"
     );
+    #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
         let dir = std::fs::metadata(flight.parent().unwrap()).unwrap();
@@ -357,6 +346,8 @@ fn a_weak_token_is_refused_before_anything_listens() {
     }
 }
 
+/// (Unix: the warning is about permission bits.)
+#[cfg(unix)]
 #[test]
 fn token_file_and_environment_never_silently_disagree() {
     use std::os::unix::fs::PermissionsExt;

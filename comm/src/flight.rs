@@ -206,6 +206,7 @@ fn private_dir() -> std::io::Result<PathBuf> {
             "wiretrain-flight-{}-{tag:016x}",
             std::process::id()
         ));
+        #[cfg_attr(not(unix), allow(unused_mut))]
         let mut b = std::fs::DirBuilder::new();
         #[cfg(unix)]
         std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);

@@ -659,30 +659,23 @@ impl Executor {
 
     fn barrier(&mut self, id: OpId, bytes: usize, deadline: Instant) -> Result<(), Error> {
         let left = deadline.saturating_duration_since(Instant::now());
+        let peer_failed = |ex: &Self, local: usize, reason: String| CollectiveError::PeerFailed {
+            op: id.kind.name(),
+            seq: id.seq,
+            rank: ex.rank,
+            peer: ex.table.global_rank(ex.node, local),
+            reason,
+        };
         match self.shared.barrier(self.local, left) {
             Ok(()) => Ok(()),
             Err(BarrierError::Aborted { rank, reason }) => {
-                let peer = self.table.global_rank(self.node, rank);
-                let e = CollectiveError::PeerFailed {
-                    op: id.kind.name(),
-                    seq: id.seq,
-                    rank: self.rank,
-                    peer,
-                    reason,
-                };
+                let e = peer_failed(self, rank, reason);
                 self.failed = Some(crate::error::report(&e));
                 Err(e.into())
             }
             Err(BarrierError::Departed { rank, reason }) => {
                 // Nobody failed yet: fail the node (and through it the other nodes) now.
-                let peer = self.table.global_rank(self.node, rank);
-                let e = CollectiveError::PeerFailed {
-                    op: id.kind.name(),
-                    seq: id.seq,
-                    rank: self.rank,
-                    peer,
-                    reason,
-                };
+                let e = peer_failed(self, rank, reason);
                 Err(self.fail(id, e))
             }
             Err(BarrierError::Timeout { missing }) => {

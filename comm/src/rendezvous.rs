@@ -211,6 +211,11 @@ struct Arrival {
     hello: Control,
 }
 
+/// [`refuse`] as a task of its own, so one slow refusal never holds up the coordinator.
+async fn refuse_owned(mut a: Arrival, reason: String) {
+    refuse(&mut a.send, &a.conn, &reason).await;
+}
+
 async fn refuse(send: &mut SendStream, conn: &Connection, reason: &str) {
     let by = Instant::now() + Duration::from_secs(2);
     let _ = send_control_by(
@@ -240,6 +245,7 @@ pub async fn coordinate(
     let mut by_rank: BTreeMap<usize, (Arrival, NodeInfo)> = BTreeMap::new();
     let mut unassigned: Vec<(Arrival, NodeInfo)> = Vec::new();
     let version = cfg.protocol_version_override.unwrap_or(PROTOCOL_VERSION);
+    let mut refusals = tokio::task::JoinSet::new();
     while by_rank.len() + unassigned.len() < expected {
         tokio::select! {
             incoming = ep.accept() => {
@@ -271,9 +277,9 @@ pub async fn coordinate(
                     }
                 });
             }
-            Some(mut a) = rx.recv() => {
+            Some(a) = rx.recv() => {
                 let Control::Hello { version: v, node_rank, nnodes, listen_ip, listen_port, devices } = a.hello.clone() else {
-                    refuse(&mut a.send, &a.conn, "expected a Hello message").await;
+                    refusals.spawn(refuse_owned(a, "expected a Hello message".into()));
                     continue;
                 };
                 let reject = if v != version {
@@ -293,14 +299,14 @@ pub async fn coordinate(
                 };
                 if let Some(reason) = reject {
                     tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
-                    refuse(&mut a.send, &a.conn, &reason).await;
+                    refusals.spawn(refuse_owned(a, reason));
                     continue;
                 }
                 let ip = listen_ip.filter(|ip| !ip.is_unspecified()).unwrap_or(a.conn.remote_address().ip());
                 // The fingerprint is that of the certificate the joiner proved it holds in the
                 // handshake, never a claim in its message.
                 let Some(cert_sha256) = peer_sha256(&a.conn) else {
-                    refuse(&mut a.send, &a.conn, "no client certificate").await;
+                    refusals.spawn(refuse_owned(a, "no client certificate".into()));
                     continue;
                 };
                 let info = NodeInfo { node: node_rank.unwrap_or(usize::MAX), addr: SocketAddr::new(ip, listen_port), devices, cert_sha256 };
@@ -315,13 +321,17 @@ pub async fn coordinate(
                 let missing: Vec<usize> = (1..cfg.nnodes).filter(|r| !by_rank.contains_key(r)).skip(unassigned.len()).collect();
                 let err = RendezvousError::Timeout { timeout: cfg.rendezvous_timeout, joined: joined + 1, expected: cfg.nnodes, missing };
                 let reason = err.to_string();
-                for (mut a, _) in by_rank.into_values().chain(unassigned) {
-                    refuse(&mut a.send, &a.conn, &reason).await;
+                for (a, _) in by_rank.into_values().chain(unassigned) {
+                    refusals.spawn(refuse_owned(a, reason.clone()));
                 }
+                // Each refusal is bounded (2.5 s); they run side by side.
+                while refusals.join_next().await.is_some() {}
                 return Err(err);
             }
         }
     }
+    // Refusals still under way finish on their own (each is bounded).
+    refusals.detach_all();
     // Assign free node ranks to nodes that did not ask for one, in order of arrival.
     let free: Vec<usize> = (1..cfg.nnodes)
         .filter(|r| !by_rank.contains_key(r))

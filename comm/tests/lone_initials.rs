@@ -86,16 +86,7 @@ fn lone_initials_during_mesh_formation_do_not_stall_the_job() {
     };
     let t0 = Instant::now();
     let n0 = spawn(0, "127.0.0.1:0".parse().unwrap(), Some(addr_file.clone()));
-    let master: SocketAddr = loop {
-        if let Ok(s) = std::fs::read_to_string(&addr_file) {
-            break s.trim().parse().unwrap();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "node 0 never listened"
-        );
-        thread::sleep(Duration::from_millis(10));
-    };
+    let master = common::node0_addr(&addr_file);
     let n1 = spawn(1, master, None);
     // Flood node 1 with lone Initials from 40 sockets before node 2 exists; keep the sockets
     // open (the server's answers land there and are never answered).

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -31,16 +30,7 @@ fn a_peer_granting_no_stream_credit_fails_rendezvous_by_its_deadline() {
         cfg.addr_file(af).rendezvous_timeout(Duration::from_secs(3));
         let _ = tx.send(Node::join(cfg).map(|_| ()).map_err(|e| e.to_string()));
     });
-    let master: SocketAddr = loop {
-        if let Ok(s) = std::fs::read_to_string(&addr_file) {
-            break s.trim().parse().unwrap();
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(10),
-            "node 0 never listened"
-        );
-        thread::sleep(Duration::from_millis(10));
-    };
+    let master = common::node0_addr(&addr_file);
     // The rogue: a member of the job (it holds the token) whose windows are zero.
     let rogue = thread::spawn(move || {
         let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("credit")).unwrap();
@@ -60,5 +50,72 @@ fn a_peer_granting_no_stream_credit_fails_rendezvous_by_its_deadline() {
     // The rogue gives up too (its own deadline), naming the coordinator.
     let r = rogue.join().unwrap();
     assert!(r.is_err(), "{r:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Refusals run side by side: five token holders with zero windows and the wrong node count
+/// (each refusal can only time out, 2.5 s) do not hold up the real node behind them.
+#[test]
+fn refusals_that_stall_do_not_delay_the_real_node() {
+    let dir = std::env::temp_dir().join(format!("wiretrain-refusals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let addr_file = dir.join("addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let af = addr_file.clone();
+    let (tx, rx) = mpsc::channel();
+    thread::spawn(move || {
+        let mut cfg = NodeConfig::new(
+            2,
+            Some(0),
+            "127.0.0.1:0".parse().unwrap(),
+            1,
+            common::strong("refusals"),
+        )
+        .unwrap();
+        cfg.addr_file(af)
+            .rendezvous_timeout(Duration::from_secs(30));
+        let r = Node::join(cfg).map_err(|e| e.to_string());
+        let _ = tx.send((Instant::now(), r.as_ref().map(|_| ()).map_err(Clone::clone)));
+        if let Ok(node) = r {
+            let _ = node.shutdown();
+        }
+    });
+    let master = common::node0_addr(&addr_file);
+    let rogues: Vec<_> = (0..5)
+        .map(|i| {
+            thread::spawn(move || {
+                // Told 3 nodes where the job has 2: refused, and the refusal cannot be written.
+                let mut cfg =
+                    NodeConfig::new(3, None, master, 1, common::strong("refusals")).unwrap();
+                cfg.bind(format!("127.0.0.{}:0", 10 + i).parse().unwrap())
+                    .rendezvous_timeout(Duration::from_secs(3));
+                cfg.quic().stream_window(0).conn_window(0);
+                Node::join(cfg).map(|_| ()).map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    thread::sleep(Duration::from_millis(500));
+    let t_real = Instant::now();
+    let real = thread::spawn(move || {
+        let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("refusals")).unwrap();
+        cfg.bind("127.0.0.2:0".parse().unwrap())
+            .rendezvous_timeout(Duration::from_secs(30));
+        Node::join(cfg).map(|n| {
+            let _ = n.shutdown();
+        })
+    });
+    let (joined_at, coordinator) = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("coordinator");
+    coordinator.expect("the job forms");
+    real.join().unwrap().expect("the real node joins");
+    let took = joined_at.duration_since(t_real);
+    assert!(
+        took < Duration::from_secs(4),
+        "the real node waited {took:?} behind refusals"
+    );
+    for r in rogues {
+        assert!(r.join().unwrap().is_err());
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

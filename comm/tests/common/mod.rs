@@ -107,3 +107,18 @@ fn rand_suffix() -> u64 {
 pub fn strong(name: &str) -> wiretrain_comm::tls::Token {
     format!("{name}-0123456789abcdef0123456789abcdef").into()
 }
+
+/// Node 0's address, once it has written it to `addr_file` (within 10 s).
+pub fn node0_addr(addr_file: &std::path::Path) -> SocketAddr {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Ok(s) = std::fs::read_to_string(addr_file) {
+            return s.trim().parse().unwrap();
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "node 0 never listened"
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+}
