@@ -119,3 +119,42 @@ fn refusals_that_stall_do_not_delay_the_real_node() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The other way round: a coordinator (a token holder) that grants no stream credit. The
+/// joiner's hello can never be written; the joiner fails by its own deadline, saying so.
+#[test]
+fn a_coordinator_granting_no_stream_credit_fails_the_joiner_by_its_deadline() {
+    let dir = std::env::temp_dir().join(format!("wiretrain-credit0-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let addr_file = dir.join("addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let af = addr_file.clone();
+    thread::spawn(move || {
+        let mut cfg = NodeConfig::new(
+            2,
+            Some(0),
+            "127.0.0.1:0".parse().unwrap(),
+            1,
+            common::strong("credit0"),
+        )
+        .unwrap();
+        // It would wait 30 s for the joiner: the joiner must not wait with it.
+        cfg.addr_file(af)
+            .rendezvous_timeout(Duration::from_secs(30));
+        cfg.quic().stream_window(0).conn_window(0);
+        let _ = Node::join(cfg);
+    });
+    let master = common::node0_addr(&addr_file);
+    let t0 = Instant::now();
+    let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("credit0")).unwrap();
+    cfg.bind("127.0.0.2:0".parse().unwrap())
+        .rendezvous_timeout(Duration::from_secs(3));
+    let err = Node::join(cfg)
+        .map(|_| ())
+        .expect_err("the hello cannot be written");
+    let err = wiretrain_comm::error::report(&err);
+    let took = t0.elapsed();
+    assert!(err.contains("hello") && err.contains("stalled"), "{err}");
+    assert!(took < Duration::from_secs(10), "{took:?}: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
