@@ -38,6 +38,10 @@ struct Slot {
 // SAFETY: the pointer is only dereferenced under the rules in the module docs.
 unsafe impl Send for Slot {}
 
+/// How long a barrier waits, after a rank it needs left, for that rank's node failure (and its
+/// reason) before it fails with "left the job".
+const LEAVE_GRACE: Duration = Duration::from_millis(500);
+
 /// Why a barrier wait failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BarrierError {
@@ -100,6 +104,7 @@ impl NodeShared {
             });
         }
         let gen_at_entry = st.generation;
+        let mut departed_seen: Option<Instant> = None;
         st.arrived[rank] = true;
         st.count += 1;
         if st.count == self.ranks {
@@ -120,16 +125,28 @@ impl NodeShared {
                     reason: why.clone(),
                 });
             }
-            // A rank this barrier still waits for will never come.
-            if let Some(r) = (0..self.ranks).find(|&i| !st.arrived[i] && st.left[i].is_some()) {
-                st.arrived[rank] = false;
-                st.count -= 1;
-                return Err(BarrierError::Departed {
-                    rank: r,
-                    reason: st.left[r].clone().unwrap_or_default(),
-                });
-            }
+            // A rank this barrier still waits for will never come. It may be about to fail
+            // the node with its reason (`wiretrain::run` does so right after a rank's closure
+            // returned an error, which dropped its group): give that reason a moment to win.
             let now = Instant::now();
+            if let Some(r) = (0..self.ranks).find(|&i| !st.arrived[i] && st.left[i].is_some()) {
+                let since = *departed_seen.get_or_insert(now);
+                if now >= since + LEAVE_GRACE || now >= deadline {
+                    st.arrived[rank] = false;
+                    st.count -= 1;
+                    return Err(BarrierError::Departed {
+                        rank: r,
+                        reason: st.left[r].clone().unwrap_or_default(),
+                    });
+                }
+                let wake = (since + LEAVE_GRACE).min(deadline);
+                st = self
+                    .cv
+                    .wait_timeout(st, wake.saturating_duration_since(now))
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+                continue;
+            }
             if now >= deadline {
                 let missing: Vec<usize> = (0..self.ranks).filter(|&i| !st.arrived[i]).collect();
                 // Leave the barrier and poison it under the same lock, so no late arrival
