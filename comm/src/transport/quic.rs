@@ -84,6 +84,10 @@ pub fn endpoint(
 }
 
 /// The transport parameters both sides use.
+/// How long a lane whose stream the peer ended waits for the peer's connection close (and the
+/// reason it carries) before it reports the stream error itself.
+const CLOSE_REASON_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut c = quinn::TransportConfig::default();
     c.stream_receive_window(VarInt::from_u64(t.stream_window).unwrap_or(VarInt::MAX))
@@ -330,7 +334,15 @@ impl LaneLinks {
         }
     }
 
-    fn write_err(&self, node: usize, e: quinn::WriteError) -> LaneError {
+    /// A failed write. A stream the peer stopped usually means the peer node is failing and
+    /// its connection close, which carries the reason, is on its way: wait a moment for it.
+    async fn write_err(&self, node: usize, e: quinn::WriteError) -> LaneError {
+        if !matches!(e, quinn::WriteError::ConnectionLost(_))
+            && let Some((c, _)) = self.peers.get(&node)
+            && let Ok(closed) = tokio::time::timeout(CLOSE_REASON_WAIT, c.closed()).await
+        {
+            return self.lost(node, &closed);
+        }
         match e {
             quinn::WriteError::ConnectionLost(c) => self.lost(node, &c),
             other => LaneError {
@@ -351,8 +363,7 @@ impl LaneLinks {
             e,
             quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(_))
         ) && let Some((c, _)) = self.peers.get(&node)
-            && let Ok(closed) =
-                tokio::time::timeout(std::time::Duration::from_secs(1), c.closed()).await
+            && let Ok(closed) = tokio::time::timeout(CLOSE_REASON_WAIT, c.closed()).await
         {
             return self.lost(node, &closed);
         }
@@ -511,7 +522,7 @@ impl LaneLinks {
             Ok(_) => Ok(()),
             Err(Fail::Read(e)) => Err(self.read_err(job.prev, e).await),
             Err(Fail::Wire(w)) => Err(self.protocol(job.prev, w)),
-            Err(Fail::Write(e)) => Err(self.write_err(job.next, e)),
+            Err(Fail::Write(e)) => Err(self.write_err(job.next, e).await),
         }
     }
 
@@ -572,7 +583,7 @@ impl LaneLinks {
                         Err(e) => Err(e),
                     };
                     if let Err(e) = r {
-                        return Err(self.write_err(n, e));
+                        return Err(self.write_err(n, e).await);
                     }
                     tokio::task::yield_now().await;
                     self.sent.fetch_add(
