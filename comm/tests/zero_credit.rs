@@ -4,33 +4,48 @@
 
 mod common;
 
+use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
 use wiretrain_comm::{Node, NodeConfig};
 
-#[test]
-fn a_peer_granting_no_stream_credit_fails_rendezvous_by_its_deadline() {
-    let dir = std::env::temp_dir().join(format!("wiretrain-credit-{}", std::process::id()));
+/// Starts node 0 of a 2-node job with token `name` on a thread of its own, running `run` on
+/// its configuration (which writes the address file); returns its address and the temporary
+/// directory to remove.
+fn coordinator(
+    name: &'static str,
+    run: impl FnOnce(NodeConfig) + Send + 'static,
+) -> (SocketAddr, PathBuf) {
+    let dir = std::env::temp_dir().join(format!("wiretrain-{name}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let addr_file = dir.join("addr");
     let _ = std::fs::remove_file(&addr_file);
     let af = addr_file.clone();
-    let (tx, rx) = mpsc::channel();
-    let t0 = Instant::now();
     thread::spawn(move || {
         let mut cfg = NodeConfig::new(
             2,
             Some(0),
             "127.0.0.1:0".parse().unwrap(),
             1,
-            common::strong("credit"),
+            common::strong(name),
         )
         .unwrap();
-        cfg.addr_file(af).rendezvous_timeout(Duration::from_secs(3));
+        cfg.addr_file(af);
+        run(cfg);
+    });
+    (common::node0_addr(&addr_file), dir)
+}
+
+#[test]
+fn a_peer_granting_no_stream_credit_fails_rendezvous_by_its_deadline() {
+    let (tx, rx) = mpsc::channel();
+    let t0 = Instant::now();
+    let (master, dir) = coordinator("credit", move |mut cfg| {
+        cfg.rendezvous_timeout(Duration::from_secs(3));
         let _ = tx.send(Node::join(cfg).map(|_| ()).map_err(|e| e.to_string()));
     });
-    let master = common::node0_addr(&addr_file);
     // The rogue: a member of the job (it holds the token) whose windows are zero.
     let rogue = thread::spawn(move || {
         let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("credit")).unwrap();
@@ -57,30 +72,15 @@ fn a_peer_granting_no_stream_credit_fails_rendezvous_by_its_deadline() {
 /// (each refusal can only time out, 2.5 s) do not hold up the real node behind them.
 #[test]
 fn refusals_that_stall_do_not_delay_the_real_node() {
-    let dir = std::env::temp_dir().join(format!("wiretrain-refusals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let addr_file = dir.join("addr");
-    let _ = std::fs::remove_file(&addr_file);
-    let af = addr_file.clone();
     let (tx, rx) = mpsc::channel();
-    thread::spawn(move || {
-        let mut cfg = NodeConfig::new(
-            2,
-            Some(0),
-            "127.0.0.1:0".parse().unwrap(),
-            1,
-            common::strong("refusals"),
-        )
-        .unwrap();
-        cfg.addr_file(af)
-            .rendezvous_timeout(Duration::from_secs(30));
+    let (master, dir) = coordinator("refusals", move |mut cfg| {
+        cfg.rendezvous_timeout(Duration::from_secs(30));
         let r = Node::join(cfg).map_err(|e| e.to_string());
         let _ = tx.send((Instant::now(), r.as_ref().map(|_| ()).map_err(Clone::clone)));
         if let Ok(node) = r {
             let _ = node.shutdown();
         }
     });
-    let master = common::node0_addr(&addr_file);
     let rogues: Vec<_> = (0..5)
         .map(|i| {
             thread::spawn(move || {
@@ -124,27 +124,12 @@ fn refusals_that_stall_do_not_delay_the_real_node() {
 /// joiner's hello can never be written; the joiner fails by its own deadline, saying so.
 #[test]
 fn a_coordinator_granting_no_stream_credit_fails_the_joiner_by_its_deadline() {
-    let dir = std::env::temp_dir().join(format!("wiretrain-credit0-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let addr_file = dir.join("addr");
-    let _ = std::fs::remove_file(&addr_file);
-    let af = addr_file.clone();
-    thread::spawn(move || {
-        let mut cfg = NodeConfig::new(
-            2,
-            Some(0),
-            "127.0.0.1:0".parse().unwrap(),
-            1,
-            common::strong("credit0"),
-        )
-        .unwrap();
+    let (master, dir) = coordinator("credit0", |mut cfg| {
         // It would wait 30 s for the joiner: the joiner must not wait with it.
-        cfg.addr_file(af)
-            .rendezvous_timeout(Duration::from_secs(30));
+        cfg.rendezvous_timeout(Duration::from_secs(30));
         cfg.quic().stream_window(0).conn_window(0);
         let _ = Node::join(cfg);
     });
-    let master = common::node0_addr(&addr_file);
     let t0 = Instant::now();
     let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("credit0")).unwrap();
     cfg.bind("127.0.0.2:0".parse().unwrap())
