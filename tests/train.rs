@@ -383,6 +383,12 @@ fn bad_input_is_one_line_and_exit_code_2() {
             "--config",
         ),
         (vec!["train", "--device", "tpu"], "--device"),
+        // Built without the `cuda` feature (as CI builds): how to get it, and the Vulkan way.
+        #[cfg(not(feature = "cuda"))]
+        (
+            vec!["train", "--device", "cuda:0", "--steps", "1"],
+            "--features cuda",
+        ),
         (vec!["train", "--accumulate", "0"], "--accumulate"),
         (vec!["train", "--shares", "3,x"], "--shares"),
         (vec!["train", "--balance", "fastest"], "--balance"),

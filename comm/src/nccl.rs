@@ -3,8 +3,8 @@
 //! Built on cudarc with dynamic loading: nothing links at build time, so the feature compiles
 //! (and its tests run, skipping) on machines without CUDA. At run time [`probe`] says whether
 //! `libcuda` and `libnccl` are present and how many devices there are; where libnccl is
-//! missing, the `nvidia-nccl-cu13` Python wheel ships `libnccl.so.2` (add its `lib` directory
-//! to `LD_LIBRARY_PATH`).
+//! missing, the `nvidia-nccl-cu13` Python wheel ships `libnccl.so.2`, which cudarc does not
+//! look for: link it as `libnccl.so` in a directory on `LD_LIBRARY_PATH`.
 //!
 //! The NCCL unique id travels through wiretrain's own rendezvous: rank 0 creates it and
 //! broadcasts its 128 bytes over the job's process group (QUIC between nodes, shared memory
@@ -59,8 +59,9 @@ pub fn probe() -> Result<usize, NcclError> {
     // SAFETY: as above.
     if !unsafe { cudarc::nccl::sys::is_culib_present() } {
         return Err(NcclError::Unavailable(
-            "libnccl.so.2 not found: install NCCL, or `pip install nvidia-nccl-cu13` and add its \
-             nvidia/nccl/lib directory to LD_LIBRARY_PATH"
+            "libnccl.so not found: install NCCL, or `pip install nvidia-nccl-cu13` and link its \
+             nvidia/nccl/lib/libnccl.so.2 as libnccl.so in a directory on LD_LIBRARY_PATH \
+             (cudarc does not look for the .so.2 name)"
                 .into(),
         ));
     }

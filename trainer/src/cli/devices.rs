@@ -60,9 +60,14 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     #[cfg(feature = "nccl")]
     match wiretrain_comm::nccl::probe() {
         Ok(n) => {
+            let what = if cfg!(feature = "cuda") {
+                "training through Burn's CUDA backend; collectives: `bench --backend nccl`"
+            } else {
+                "collectives: `bench --backend nccl`; training needs `--features cuda`"
+            };
             for d in 0..n {
                 println!(
-                    "{:<9} {:<10} {:<14} {:<8} {:<9} CUDA device {d} (collectives: `bench --backend nccl`)",
+                    "{:<9} {:<10} {:<14} {:<8} {:<9} CUDA device {d} ({what})",
                     format!("cuda:{d}"),
                     "NVIDIA",
                     "DiscreteGpu",

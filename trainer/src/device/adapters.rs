@@ -25,6 +25,8 @@ pub enum DeviceSpec {
     WgpuCpu,
     /// Burn's CPU backend (`flex`).
     Cpu,
+    /// Burn's CUDA backend (`cuda` feature): `cuda:N`, or `cuda` for local rank i on `cuda:i`.
+    Cuda(Option<usize>),
 }
 
 impl std::str::FromStr for DeviceSpec {
@@ -35,12 +37,17 @@ impl std::str::FromStr for DeviceSpec {
             "wgpu" => Self::Wgpu,
             "wgpu:cpu" => Self::WgpuCpu,
             "cpu" => Self::Cpu,
-            other => match other.strip_prefix("wgpu:").map(str::parse::<usize>) {
-                Some(Ok(n)) if n < 4096 => Self::WgpuIndex(n),
+            "cuda" => Self::Cuda(None),
+            other => match (
+                other.strip_prefix("wgpu:").map(str::parse::<usize>),
+                other.strip_prefix("cuda:").map(str::parse::<usize>),
+            ) {
+                (Some(Ok(n)), _) if n < 4096 => Self::WgpuIndex(n),
+                (_, Some(Ok(n))) if n < 4096 => Self::Cuda(Some(n)),
                 _ => {
                     return Err(format!(
-                        "{other:?} is not a device (auto, wgpu, wgpu:N, wgpu:cpu, cpu; \
-                         `wiretrain devices` lists the adapters)"
+                        "{other:?} is not a device (auto, wgpu, wgpu:N, wgpu:cpu, cpu, cuda, \
+                         cuda:N; `wiretrain devices` lists them)"
                     ));
                 }
             },
@@ -56,6 +63,8 @@ impl std::fmt::Display for DeviceSpec {
             Self::WgpuIndex(n) => write!(f, "wgpu:{n}"),
             Self::WgpuCpu => f.write_str("wgpu:cpu"),
             Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(None) => f.write_str("cuda"),
+            Self::Cuda(Some(n)) => write!(f, "cuda:{n}"),
         }
     }
 }
@@ -142,6 +151,8 @@ pub enum Assigned {
     Adapter(usize),
     /// Burn's CPU backend.
     Cpu,
+    /// CUDA device `index` through Burn's CUDA backend.
+    Cuda(usize),
 }
 
 /// Why the ranks of a node cannot get their devices.
@@ -178,6 +189,16 @@ pub enum DeviceError {
         second: usize,
         adapter: String,
     },
+    #[error(
+        "CUDA devices need Burn's CUDA backend, which this binary was built without: build with \
+         `--features cuda` (its build downloads an LLVM bundle, so on a machine with internet), \
+         or train on the same GPU through Vulkan with --device wgpu"
+    )]
+    CudaNotBuilt,
+    #[error("CUDA devices: {why}")]
+    CudaUnavailable { why: String },
+    #[error("cuda:{index}: there is no CUDA device {index} (this machine has {count})")]
+    NoSuchCuda { index: usize, count: usize },
 }
 
 /// "wgpu:0 A (DiscreteGpu, Vulkan), wgpu:1 B (Cpu, Vulkan)", or "none".
@@ -263,6 +284,7 @@ pub fn assign(
                     });
                 }
             },
+            DeviceSpec::Cuda(n) => Assigned::Cuda(n.unwrap_or(i)),
             DeviceSpec::WgpuIndex(n) => match adapters.iter().find(|a| a.index == n) {
                 Some(a) => Assigned::Adapter(a.index),
                 None => {
@@ -276,6 +298,15 @@ pub fn assign(
     }
     if !share {
         for (second, b) in out.iter().enumerate() {
+            if let Assigned::Cuda(n) = *b
+                && let Some(first) = out[..second].iter().position(|x| *x == *b)
+            {
+                return Err(DeviceError::Shared {
+                    first,
+                    second,
+                    adapter: format!("cuda:{n}"),
+                });
+            }
             let Assigned::Adapter(n) = *b else { continue };
             let a = adapters.iter().find(|a| a.index == n).expect("assigned");
             if !a.is_hardware() {
@@ -434,7 +465,7 @@ mod tests {
             .iter()
             .map(|g| match g {
                 A::Adapter(n) => a[*n].device_kind(),
-                A::Cpu => DeviceKind::Cpu,
+                A::Cpu | A::Cuda(_) => DeviceKind::Cpu,
             })
             .collect();
         assert_eq!(
@@ -528,7 +559,7 @@ mod tests {
             parse_specs("wgpu:3, cpu,wgpu:cpu,auto,wgpu").unwrap(),
             vec![S::WgpuIndex(3), S::Cpu, S::WgpuCpu, S::Auto, S::Wgpu]
         );
-        for bad in ["gpu", "wgpu:x", "wgpu:-1", "cuda:0", ""] {
+        for bad in ["gpu", "wgpu:x", "wgpu:-1", "cuda:x", ""] {
             let e = bad.parse::<DeviceSpec>().unwrap_err();
             assert!(e.contains("not a device"), "{bad}: {e}");
         }

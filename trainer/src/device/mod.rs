@@ -5,7 +5,8 @@
 //! Burn's CPU backend with a one-line warning: on a CPU-only machine the CPU backend trains the
 //! examples ~20x faster than a software Vulkan adapter), `wgpu` (local rank i gets the i-th
 //! hardware adapter), `wgpu:N` (adapter N of `wiretrain devices`), `wgpu:cpu` (a software Vulkan
-//! adapter such as Mesa's lavapipe), `cpu` (Burn's flex backend). [`NodeDevices::plan`] maps the
+//! adapter such as Mesa's lavapipe), `cpu` (Burn's flex backend), `cuda` / `cuda:N` (Burn's CUDA
+//! backend, `cuda` feature; local rank i on `cuda:i` for `cuda`). [`NodeDevices::plan`] maps the
 //! specs of a node's ranks to adapters ([`adapters::assign`]); wgpu devices are pinned to the
 //! native APIs (Vulkan on Linux; DX12, then Vulkan, on Windows; Metal on macOS) so wiretrain
 //! never silently falls back to GL.
@@ -17,6 +18,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use wiretrain_shaders::Kernels;
 
 pub mod adapters;
+mod cuda;
 
 pub use adapters::{Adapter, AdapterKind, Assigned, DeviceError, DeviceSpec, parse_specs};
 
@@ -143,12 +145,17 @@ impl NodeDevices {
     /// local rank) to `ranks` local ranks; `share` lets several ranks use one GPU adapter.
     pub fn plan(specs: &[DeviceSpec], ranks: usize, share: bool) -> Result<Self, DeviceError> {
         // Only specs that name wgpu need the (slow-ish) enumeration.
-        let (api, adapters) = if specs.iter().all(|s| *s == DeviceSpec::Cpu) {
+        let (api, adapters) = if specs
+            .iter()
+            .all(|s| matches!(s, DeviceSpec::Cpu | DeviceSpec::Cuda(_)))
+        {
             (None, Vec::new())
         } else {
             adapters::enumerate()
         };
-        Self::with_adapters(api, adapters, specs, ranks, share)
+        let planned = Self::with_adapters(api, adapters, specs, ranks, share)?;
+        cuda::check(&planned.assigned)?;
+        Ok(planned)
     }
 
     /// [`Self::plan`] over a given adapter list (tests; machines enumerated elsewhere).
@@ -184,6 +191,7 @@ impl NodeDevices {
     pub fn describe(&self, local: usize) -> String {
         match self.assigned[local] {
             Assigned::Cpu => CPU_DESCRIPTION.into(),
+            Assigned::Cuda(n) => cuda::describe(n),
             Assigned::Adapter(n) => self.adapters[n].describe(),
         }
     }
@@ -203,6 +211,7 @@ impl NodeDevices {
                 }
                 Ok(cpu_device())
             }
+            Assigned::Cuda(n) => cuda::open(n),
             Assigned::Adapter(n) => {
                 let a = &self.adapters[n];
                 let api = self.api.expect("adapters come from an API");
