@@ -15,6 +15,7 @@ use crate::group::{ProcessGroup, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 /// What can go wrong on the NCCL path.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +34,20 @@ pub enum NcclError {
         got: usize,
         want: usize,
     },
+    /// NCCL did not finish within the job's collective timeout; the communicator was aborted
+    /// (`ncclCommAbort`), as PyTorch's NCCL watchdog does.
+    #[error(
+        "{what} on rank {rank} of {world} did not finish within {secs:.0} s (a rank died, hangs, \
+         or never joined); the NCCL communicator was aborted"
+    )]
+    Timeout {
+        what: &'static str,
+        rank: usize,
+        world: usize,
+        secs: f64,
+    },
+    #[error("the NCCL communicator was aborted earlier: {0}")]
+    Aborted(String),
 }
 
 impl From<cudarc::driver::DriverError> for NcclError {
@@ -74,18 +89,31 @@ pub fn probe() -> Result<usize, NcclError> {
     Ok(n as usize)
 }
 
-/// One rank's NCCL communicator over the whole job.
+/// One rank's NCCL communicator over the whole job. Init and every wait on the stream are
+/// bounded by the job's collective timeout; past it the communicator is aborted and every
+/// later call fails with [`NcclError::Aborted`].
 pub struct NcclGroup {
-    comm: Comm,
+    /// `None` once aborted.
+    comm: Option<Comm>,
+    rank: usize,
+    world: usize,
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
+    timeout: Duration,
+    aborted: Option<String>,
 }
+
+/// A communicator handed from the init thread to the rank's thread. NCCL communicators may be
+/// used from any one thread at a time; cudarc's `Comm` does not say so itself.
+struct SentComm(Comm);
+// SAFETY: the communicator moves once, from the init thread to its owner; never shared.
+unsafe impl Send for SentComm {}
 
 impl std::fmt::Debug for NcclGroup {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NcclGroup")
-            .field("rank", &self.comm.rank())
-            .field("world", &self.comm.world_size())
+            .field("rank", &self.rank)
+            .field("world", &self.world)
             .field("device", &self.ctx.ordinal())
             .finish()
     }
@@ -100,33 +128,97 @@ fn nccl_op(op: ReduceOp) -> cudarc::nccl::ReduceOp {
 
 impl NcclGroup {
     /// Joins the job's NCCL communicator on CUDA device `device` (a collective: every rank of
-    /// `pg` calls it). The id is exchanged over `pg`.
+    /// `pg` calls it). The id is exchanged over `pg`, then every rank meets at a barrier, so
+    /// NCCL's own bootstrap only starts once all are there; the init itself is bounded by
+    /// `pg`'s collective timeout.
     pub fn new(pg: &mut ProcessGroup, device: usize) -> Result<Self, NcclError> {
         probe()?;
-        let ctx = CudaContext::new(device)?;
-        let stream = ctx.default_stream();
-        let mut bytes = vec![0.0f32; 128];
-        if pg.rank() == 0 {
-            let id = Id::new()?;
-            for (b, c) in bytes.iter_mut().zip(id.internal()) {
-                *b = f32::from(*c as u8);
+        let id = share_id(pg)?;
+        pg.barrier()?;
+        Self::init(device, pg.rank(), pg.world(), id, pg.timeout())
+    }
+
+    /// NCCL's init for `rank` of `world` on CUDA device `device` with an id every rank shares,
+    /// bounded by `timeout`: past it this returns [`NcclError::Timeout`] and the init, left
+    /// blocked in NCCL, aborts the communicator if it ever completes.
+    pub fn init(
+        device: usize,
+        rank: usize,
+        world: usize,
+        id: [std::ffi::c_char; 128],
+        timeout: Duration,
+    ) -> Result<Self, NcclError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("nccl-init-{rank}"))
+            .spawn(move || {
+                let made = (|| -> Result<_, NcclError> {
+                    let ctx = CudaContext::new(device)?;
+                    let stream = ctx.default_stream();
+                    let comm = Comm::from_rank(stream.clone(), rank, world, Id::uninit(id))?;
+                    Ok((ctx, stream, SentComm(comm)))
+                })();
+                // A receiver gone (timed out) drops the communicator: cudarc aborts it.
+                let _ = tx.send(made);
+            })
+            .map_err(|e| NcclError::Unavailable(format!("starting NCCL's init thread: {e}")))?;
+        match rx.recv_timeout(timeout) {
+            Ok(made) => {
+                let (ctx, stream, SentComm(comm)) = made?;
+                Ok(Self {
+                    comm: Some(comm),
+                    rank,
+                    world,
+                    ctx,
+                    stream,
+                    timeout,
+                    aborted: None,
+                })
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Err(NcclError::Timeout {
+                what: "NCCL init",
+                rank,
+                world,
+                secs: timeout.as_secs_f64(),
+            }),
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                Err(NcclError::Unavailable("NCCL's init thread panicked".into()))
             }
         }
-        let got = pg.broadcast(bytes, 0).wait()?;
-        let mut raw = [0 as std::ffi::c_char; 128];
-        for (r, b) in raw.iter_mut().zip(&got) {
-            *r = *b as u8 as std::ffi::c_char;
+    }
+
+    fn comm(&self) -> Result<&Comm, NcclError> {
+        match (&self.comm, &self.aborted) {
+            (Some(c), _) => Ok(c),
+            (None, why) => Err(NcclError::Aborted(why.clone().unwrap_or_default())),
         }
-        let comm = Comm::from_rank(stream.clone(), pg.rank(), pg.world(), Id::uninit(raw))?;
-        Ok(Self { comm, ctx, stream })
+    }
+
+    /// Aborts the communicator (`ncclCommAbort`, through cudarc's drop), once.
+    fn abort(&mut self, why: String) {
+        if let Some(c) = self.comm.take() {
+            tracing::error!(rank = self.rank, "aborting the NCCL communicator: {why}");
+            // cudarc panics when the abort itself fails; the communicator is gone either way.
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(c)));
+        }
+        self.aborted = Some(why);
+    }
+
+    /// The bound on init and on each [`Self::sync`].
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub fn set_timeout(&mut self, timeout: Duration) {
+        self.timeout = timeout;
     }
 
     pub fn rank(&self) -> usize {
-        self.comm.rank()
+        self.rank
     }
 
     pub fn world(&self) -> usize {
-        self.comm.world_size()
+        self.world
     }
 
     pub fn stream(&self) -> &Arc<CudaStream> {
@@ -145,7 +237,7 @@ impl NcclGroup {
 
     /// Sum or mean over all ranks, in place.
     pub fn all_reduce(&self, buf: &mut CudaSlice<f32>, op: ReduceOp) -> Result<(), NcclError> {
-        self.comm.all_reduce_in_place(buf, &nccl_op(op))?;
+        self.comm()?.all_reduce_in_place(buf, &nccl_op(op))?;
         Ok(())
     }
 
@@ -164,7 +256,7 @@ impl NcclGroup {
                 want,
             });
         }
-        self.comm.reduce_scatter(src, dst, &nccl_op(op))?;
+        self.comm()?.reduce_scatter(src, dst, &nccl_op(op))?;
         Ok(())
     }
 
@@ -182,21 +274,69 @@ impl NcclGroup {
                 want,
             });
         }
-        self.comm.all_gather(src, dst)?;
+        self.comm()?.all_gather(src, dst)?;
         Ok(())
     }
 
     /// Everyone gets `root`'s buffer, in place.
     pub fn broadcast(&self, buf: &mut CudaSlice<f32>, root: usize) -> Result<(), NcclError> {
-        self.comm.broadcast_in_place(buf, root as i32)?;
+        self.comm()?.broadcast_in_place(buf, root as i32)?;
         Ok(())
     }
 
-    /// Waits until the collectives queued on this rank's stream have finished.
-    pub fn sync(&self) -> Result<(), NcclError> {
-        self.stream.synchronize()?;
-        Ok(())
+    /// Waits until the collectives queued on this rank's stream have finished, at most the
+    /// timeout: past it the communicator is aborted (NCCL kernels waiting for a dead or hung
+    /// peer never finish on their own) and this returns [`NcclError::Timeout`].
+    pub fn sync(&mut self) -> Result<(), NcclError> {
+        self.comm()?;
+        self.ctx.bind_to_thread()?;
+        let start = Instant::now();
+        let mut polls = 0u32;
+        loop {
+            // SAFETY: the stream belongs to this group's context, bound to this thread above.
+            let status = unsafe { cudarc::driver::sys::cuStreamQuery(self.stream.cu_stream()) };
+            match status {
+                cudarc::driver::sys::CUresult::CUDA_SUCCESS => return Ok(()),
+                cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY => {}
+                other => return Err(cudarc::driver::DriverError(other).into()),
+            }
+            if start.elapsed() >= self.timeout {
+                let e = NcclError::Timeout {
+                    what: "an NCCL collective",
+                    rank: self.rank,
+                    world: self.world,
+                    secs: self.timeout.as_secs_f64(),
+                };
+                self.abort(e.to_string());
+                return Err(e);
+            }
+            // Spin briefly (collectives of small buffers finish in microseconds), then nap.
+            polls += 1;
+            if polls < 2000 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        }
     }
+}
+
+/// Rank 0 makes the NCCL unique id and broadcasts its 128 bytes over `pg` (a collective: every
+/// rank calls it); each byte travels exactly as an f32.
+pub fn share_id(pg: &mut ProcessGroup) -> Result<[std::ffi::c_char; 128], NcclError> {
+    let mut bytes = vec![0.0f32; 128];
+    if pg.rank() == 0 {
+        let id = Id::new()?;
+        for (b, c) in bytes.iter_mut().zip(id.internal()) {
+            *b = f32::from(*c as u8);
+        }
+    }
+    let got = pg.broadcast(bytes, 0).wait()?;
+    let mut raw = [0 as std::ffi::c_char; 128];
+    for (r, b) in raw.iter_mut().zip(&got) {
+        *r = *b as u8 as std::ffi::c_char;
+    }
+    Ok(raw)
 }
 
 /// `wiretrain bench --backend nccl` on this rank: the same table as the QUIC benchmark
@@ -210,7 +350,7 @@ pub fn bench_rank(
     mut on_row: impl FnMut(&crate::bench::BenchRow),
 ) -> Result<Vec<crate::bench::BenchRow>, NcclError> {
     use crate::bench::{BenchOp, BenchRow};
-    let g = NcclGroup::new(pg, device)?;
+    let mut g = NcclGroup::new(pg, device)?;
     let world = g.world();
     let mut rows = Vec::new();
     for &op in &spec.ops {

@@ -67,3 +67,103 @@ fn nccl_collectives_match_the_reference() {
     }
     eprintln!("NCCL collectives verified on {world} GPU(s)");
 }
+
+/// NCCL's init is bounded by the collective timeout: a rank that never joins (here rank 1
+/// shares the id and meets the barrier, then stays out of NCCL) makes rank 0's init fail with
+/// a timeout naming it, instead of blocking in NCCL's bootstrap forever. One GPU suffices.
+#[test]
+fn nccl_init_that_a_rank_never_joins_times_out() {
+    if let Err(e) = probe() {
+        eprintln!("SKIPPED: {e}");
+        return;
+    }
+    let res = common::cluster(&[1, 1], "nccl-token", |mut pg| {
+        if pg.rank() == 0 {
+            pg.set_timeout(std::time::Duration::from_secs(3));
+            let start = std::time::Instant::now();
+            let got = NcclGroup::new(&mut pg, 0)
+                .map(|_| ())
+                .map_err(|e| e.to_string());
+            let took = start.elapsed();
+            pg.set_timeout(std::time::Duration::from_secs(30));
+            pg.barrier().map_err(|e| e.to_string())?;
+            Ok::<_, String>(Some((got, took)))
+        } else {
+            pg.set_timeout(std::time::Duration::from_secs(30));
+            wiretrain_comm::nccl::share_id(&mut pg).map_err(|e| e.to_string())?;
+            pg.barrier().map_err(|e| e.to_string())?;
+            // Never calls NCCL's init; waits for rank 0 to give up.
+            pg.barrier().map_err(|e| e.to_string())?;
+            Ok(None)
+        }
+    });
+    let mut seen = false;
+    for node in res {
+        for r in node.expect("node") {
+            if let Some((got, took)) = r.expect("rank") {
+                let e = got.expect_err("init without rank 1 must fail");
+                assert!(
+                    e.contains("NCCL init on rank 0 of 2 did not finish within 3 s"),
+                    "{e}"
+                );
+                assert!(took.as_secs_f64() < 10.0, "gave up after {took:?}");
+                seen = true;
+            }
+        }
+    }
+    assert!(seen);
+    eprintln!("NCCL init deadline verified");
+}
+
+/// A collective a peer never joins is bounded too: `sync` aborts the communicator at the
+/// timeout and every later call says it was aborted. Needs two GPUs (NCCL refuses two ranks
+/// on one device).
+#[test]
+fn nccl_collective_that_a_peer_skips_times_out_and_aborts() {
+    let devices = match probe() {
+        Ok(n) if n >= 2 => n,
+        Ok(n) => {
+            eprintln!("SKIPPED: {n} GPU(s); this test needs two");
+            return;
+        }
+        Err(e) => {
+            eprintln!("SKIPPED: {e}");
+            return;
+        }
+    };
+    let res = common::cluster(&[1, 1], "nccl-token", move |mut pg| {
+        pg.set_timeout(std::time::Duration::from_secs(30));
+        let dev = pg.rank() % devices;
+        let mut g = NcclGroup::new(&mut pg, dev).map_err(|e| e.to_string())?;
+        if pg.rank() == 0 {
+            g.set_timeout(std::time::Duration::from_secs(2));
+            let mut buf = g.upload(&[1.0; 1024]).map_err(|e| e.to_string())?;
+            g.all_reduce(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string())?;
+            let first = g.sync().map(|_| ()).map_err(|e| e.to_string());
+            let later = g
+                .all_reduce(&mut buf, ReduceOp::Sum)
+                .map_err(|e| e.to_string());
+            pg.barrier().map_err(|e| e.to_string())?;
+            Ok::<_, String>(Some((first, later)))
+        } else {
+            // Skips the all-reduce; waits for rank 0 to give up.
+            pg.barrier().map_err(|e| e.to_string())?;
+            Ok(None)
+        }
+    });
+    let mut seen = false;
+    for node in res {
+        for r in node.expect("node") {
+            if let Some((first, later)) = r.expect("rank") {
+                let e = first.expect_err("a collective without rank 1 must time out");
+                assert!(e.contains("did not finish within 2 s"), "{e}");
+                assert!(e.contains("aborted"), "{e}");
+                let e = later.expect_err("an aborted communicator refuses work");
+                assert!(e.contains("aborted earlier"), "{e}");
+                seen = true;
+            }
+        }
+    }
+    assert!(seen);
+}

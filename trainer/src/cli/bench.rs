@@ -201,6 +201,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         // per GPU, and distinct GPUs for `--local` nodes sharing one machine.
                         let count = wiretrain_comm::nccl::probe()
                             .map_err(|e| anyhow::anyhow!("--backend nccl: {e}"))?;
+                        if leader && pg.table().num_nodes() > 1 {
+                            eprintln!(
+                                "wiretrain: warning: NCCL moves tensors between nodes over its own \
+                                 transports, unencrypted and unauthenticated (outside wiretrain's \
+                                 TLS): use --backend nccl only on a network you trust"
+                            );
+                        }
                         let device = pg.rank() % count;
                         let rows = wiretrain_comm::nccl::bench_rank(&mut pg, device, &spec, print)
                             .map_err(|e| anyhow::anyhow!("NCCL on cuda:{device}: {e}"))?;
