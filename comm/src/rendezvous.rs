@@ -8,6 +8,8 @@
 //! coordinator fail with the list of missing node ranks after the rendezvous timeout, and the
 //! nodes that did join are told why.
 
+pub mod validate;
+
 use crate::config::NodeConfig;
 use crate::error::{RendezvousError, TransportError, WireError};
 use crate::tls::{JobIdentity, Mismatch, SERVER_NAME, peer_sha256, same_fingerprint};
@@ -278,30 +280,15 @@ pub async fn coordinate(
                 });
             }
             Some(a) = rx.recv() => {
-                let Control::Hello { version: v, node_rank, nnodes, listen_ip, listen_port, devices } = a.hello.clone() else {
-                    refusals.spawn(refuse_owned(a, "expected a Hello message".into()));
-                    continue;
+                let hello = match validate::check_hello(&a.hello, version, cfg.nnodes, |r| by_rank.contains_key(&r)) {
+                    Ok(h) => h,
+                    Err(reason) => {
+                        tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
+                        refusals.spawn(refuse_owned(a, reason));
+                        continue;
+                    }
                 };
-                let reject = if v != version {
-                    Some(format!("protocol version mismatch: this coordinator speaks version {version}, the joining node version {v}; run the same wiretrain release on every node"))
-                } else if nnodes != cfg.nnodes {
-                    Some(format!("node count mismatch: the coordinator expects {} nodes, the joining node was told {nnodes}", cfg.nnodes))
-                } else if let Some(r) = node_rank.filter(|&r| r >= cfg.nnodes) {
-                    Some(format!("node rank {r} is not below the node count {}", cfg.nnodes))
-                } else if node_rank == Some(0) {
-                    Some("node rank 0 is the coordinator itself".to_string())
-                } else if let Some(r) = node_rank.filter(|r| by_rank.contains_key(r)) {
-                    Some(format!("node rank {r} has already joined"))
-                } else if devices.is_empty() || devices.len() > 1024 {
-                    Some(format!("a node must host 1..=1024 ranks, not {}", devices.len()))
-                } else {
-                    None
-                };
-                if let Some(reason) = reject {
-                    tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
-                    refusals.spawn(refuse_owned(a, reason));
-                    continue;
-                }
+                let validate::AcceptedHello { node_rank, listen_ip, listen_port, devices } = hello;
                 let ip = listen_ip.filter(|ip| !ip.is_unspecified()).unwrap_or(a.conn.remote_address().ip());
                 // The fingerprint is that of the certificate the joiner proved it holds in the
                 // handshake, never a claim in its message.
@@ -436,31 +423,30 @@ pub async fn join(
     };
     match reply {
         Control::Welcome { node, table } => {
-            if table.num_nodes() != cfg.nnodes
-                || node == 0
-                || node >= table.num_nodes()
-                || table.ranks_on(node) != cfg.devices.len()
-            {
-                return Err(RendezvousError::Refused {
-                    reason: format!("inconsistent rank table for node {node}"),
-                });
-            }
-            // The coordinator must be the node 0 of the table, and must have recorded the
-            // certificate this node presented.
-            let coord = peer_sha256(&conn).unwrap_or_default();
-            if !same_fingerprint(&coord, &table.nodes()[0].cert_sha256) {
-                return Err(RendezvousError::UnknownCertificate {
-                    addr: cfg.master,
-                    expected: table.nodes()[0].cert_sha256.clone(),
-                });
-            }
-            if !same_fingerprint(
-                &table.nodes()[node].cert_sha256,
-                &identity.node_fingerprint(),
-            ) {
-                return Err(RendezvousError::Refused {
-                    reason: "the rank table names another certificate for this node".into(),
-                });
+            let coordinator_sha256 = peer_sha256(&conn).unwrap_or_default();
+            let own_sha256 = identity.node_fingerprint();
+            let want = validate::Expect {
+                nnodes: cfg.nnodes,
+                ranks: cfg.devices.len(),
+                coordinator_sha256: &coordinator_sha256,
+                own_sha256: &own_sha256,
+            };
+            match validate::check_welcome(node, &table, &want) {
+                Ok(()) => {}
+                Err(validate::BadWelcome::Inconsistent(reason)) => {
+                    return Err(RendezvousError::Refused { reason });
+                }
+                Err(validate::BadWelcome::CoordinatorCert { expected }) => {
+                    return Err(RendezvousError::UnknownCertificate {
+                        addr: cfg.master,
+                        expected,
+                    });
+                }
+                Err(validate::BadWelcome::OwnCert) => {
+                    return Err(RendezvousError::Refused {
+                        reason: "the rank table names another certificate for this node".into(),
+                    });
+                }
             }
             Ok((
                 table,
