@@ -41,11 +41,10 @@ pub fn decode_untrusted(data: &[u8]) -> Decoded {
     }
     if let Some((prefix, rest)) = data.split_first_chunk::<4>()
         && let Ok(len) = control_len(*prefix)
+        && let Ok(c) = decode_control::<Control>(&rest[..len.min(rest.len())])
     {
-        if let Ok(c) = decode_control::<Control>(&rest[..len.min(rest.len())]) {
-            out.control = true;
-            out.accepted = rendezvous_checks(&c);
-        }
+        out.control = true;
+        out.accepted = rendezvous_checks(&c);
     }
     out
 }
