@@ -18,4 +18,5 @@ if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-cargo test --workspace --no-fail-fast
+# test-hooks: the fault tests' injection points (a stalled checkpoint, a slow node, ...).
+cargo test --workspace --no-fail-fast --features wiretrain/test-hooks

@@ -14,53 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-const BATCH: &str = "24";
-
-fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-ckpt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// `launch --local nodes -- train ...` for the mlp example with the given extra flags.
-fn launch_args(nodes: usize, strategy: &str, steps: usize, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "launch",
-        "--local",
-        &nodes.to_string(),
-        "--",
-        "train",
-        "--example",
-        "mlp",
-        "--strategy",
-        strategy,
-        "--steps",
-        &steps.to_string(),
-        "--global-batch",
-        BATCH,
-        "--lr",
-        "0.01",
-        "--seed",
-        "5",
-        "--device",
-        "cpu",
-        "--bucket-bytes",
-        "4096",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
-}
-
-fn run_ok(args: &[String]) -> String {
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = common::run(&a, &[], Duration::from_secs(300));
-    assert!(out.status.success(), "{}", common::text(&out));
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use common::ckpt::{dir, launch_args, run_ok, s};
 
 /// (step, loss) of every step line.
 fn losses(p: &Path) -> Vec<(usize, f64)> {
@@ -84,10 +38,6 @@ fn read_f32(p: &Path) -> Vec<f32> {
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
         .collect()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]
@@ -261,6 +211,10 @@ fn hybrid_and_hsdp_checkpoints_resume_on_other_shapes() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hooks: --features wiretrain/test-hooks (scripts/test.sh)"
+)]
 fn kill_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_with_a_node_fewer() {
     let d = dir("kill");
     let ck = d.join("ck");
@@ -411,6 +365,10 @@ fn checkpoint_flags_are_checked() {
 /// A slow node is not a dead one: node 1 spends 15 s (longer than the 10 s QUIC idle timeout)
 /// in one step; keep-alive keeps the connections up, and the run completes.
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hooks: --features wiretrain/test-hooks (scripts/test.sh)"
+)]
 fn a_slow_node_within_the_collective_timeout_is_not_declared_dead() {
     let d = dir("slow");
     let m = d.join("m.jsonl");
@@ -614,6 +572,10 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_one_before() {
 /// here, 6 s against a 2 s collective timeout); with too short a checkpoint timeout the same
 /// run fails, naming the timeout.
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hooks: --features wiretrain/test-hooks (scripts/test.sh)"
+)]
 fn a_checkpoint_write_slower_than_the_collective_timeout_completes() {
     let d = dir("slow-write");
     let ck = d.join("ck");

@@ -161,6 +161,10 @@ fn traces_are_valid_nested_and_cover_each_step() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hooks: --features wiretrain/test-hooks (scripts/test.sh)"
+)]
 fn report_names_the_straggler_and_who_was_waited_for() {
     let d = dir("straggler");
     traced_run(&d, "mlp", "zero2", &[("WIRETRAIN_TEST_SLOW_RANK", "2:30")]);

@@ -242,7 +242,7 @@ pub fn fit<M: Module>(
         }
         trainer.process_group().keep_history(true);
     }
-    let slow_rank = slow_rank_hook(rank);
+    let slow_rank = crate::hooks::slow_rank_ms(rank);
     let slowdown = slowdown_hook(rank);
     let mut per_sample_ms: Option<f64> = None;
     let world = trainer.process_group().world();
@@ -250,7 +250,7 @@ pub fn fit<M: Module>(
     let mut shares: Option<Vec<usize>> = None;
     let mut t_iter = Instant::now();
     for step in start..run.steps {
-        if let Some(ms) = slow_step_hook(node, step) {
+        if let Some(ms) = crate::hooks::slow_step_ms(node, step) {
             std::thread::sleep(Duration::from_millis(ms));
         }
         let st = crate::trace::span(format!("step {step}"), "step");
@@ -469,15 +469,6 @@ pub fn fit<M: Module>(
     })
 }
 
-/// `WIRETRAIN_TEST_SLOW_STEP=node:step:ms` makes every rank of node `node` spend `ms` more on
-/// step `step`: the fault test of a slow (not dead) node. Unset in normal runs.
-fn slow_step_hook(node: usize, step: usize) -> Option<u64> {
-    let v = std::env::var("WIRETRAIN_TEST_SLOW_STEP").ok()?;
-    let mut it = v.split(':').map(|x| x.parse::<u64>().ok());
-    let (n, s, ms) = (it.next()??, it.next()??, it.next()??);
-    (n == node as u64 && s == step as u64).then_some(ms)
-}
-
 /// `WIRETRAIN_DEBUG_SLOWDOWN=rank:factor` makes rank `rank` compute `factor` times slower
 /// (before each step's collectives it sleeps `factor - 1` times its last per-sample compute
 /// time per sample of the step, and counts it as compute): a stand-in for a slower card when
@@ -487,14 +478,6 @@ fn slowdown_hook(rank: usize) -> Option<f64> {
     let (r, f) = v.split_once(':')?;
     let f: f64 = f.parse().ok()?;
     (r.parse::<usize>().ok()? == rank && f.is_finite() && f >= 1.0).then_some(f)
-}
-
-/// `WIRETRAIN_TEST_SLOW_RANK=rank:ms` makes rank `rank` spend `ms` more in every step: the
-/// straggler of the trace report's test. Unset in normal runs.
-fn slow_rank_hook(rank: usize) -> Option<u64> {
-    let v = std::env::var("WIRETRAIN_TEST_SLOW_RANK").ok()?;
-    let (r, ms) = v.split_once(':')?;
-    (r.parse::<usize>().ok()? == rank).then(|| ms.parse().ok())?
 }
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps] bytes, in rank

@@ -126,6 +126,9 @@ pub fn prune(root: &Path, keep: usize, run_id: &str) -> Result<Vec<PathBuf>, Che
             let doomed = root.join(format!(".removing-{}", name.to_string_lossy()));
             std::fs::rename(&p, &doomed).map_err(io(&p))?;
             sync_dir(root)?;
+            if let Some(ms) = crate::hooks::stall_prune_ms() {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
             std::fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
             removed.push(p);
         }

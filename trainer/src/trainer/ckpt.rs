@@ -167,7 +167,7 @@ impl<M: Module> Trainer<M> {
         }
         // Test hook for the crash-during-checkpoint fault test: stall between the shards and
         // the manifest (the window in which a crash must not harm older checkpoints).
-        if let Some(ms) = stall_ms(step, rank) {
+        if let Some(ms) = crate::hooks::stall_checkpoint_ms(step, rank) {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         let mut head = vec![0.0f32; HEAD];
@@ -604,15 +604,4 @@ impl<M: Module> Trainer<M> {
         o.inner_done = outer.inner_done;
         Ok(())
     }
-}
-
-/// `WIRETRAIN_TEST_STALL_CHECKPOINT=step:ms[:rank]` stalls the checkpoint of `step` (and
-/// later ones) between the shard files and the manifest, on every rank or only on `rank`, for
-/// the fault tests. Unset in normal runs.
-fn stall_ms(step: usize, rank: usize) -> Option<u64> {
-    let v = std::env::var("WIRETRAIN_TEST_STALL_CHECKPOINT").ok()?;
-    let mut it = v.split(':');
-    let (s, ms) = (it.next()?.parse::<usize>().ok()?, it.next()?.parse().ok()?);
-    let only = it.next().map(|r| r.parse::<usize>().ok());
-    (step >= s && only.is_none_or(|r| r == Some(rank))).then_some(ms)
 }
