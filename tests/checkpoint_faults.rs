@@ -100,6 +100,7 @@ fn kill_during_prune_keeps_the_newest_checkpoint_and_the_next_prune_finishes() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+#[cfg(unix)]
 /// Mounts a tmpfs of `bytes` at `at`; false (with the reason printed) where this process may
 /// not mount, which fails the test under CI=true.
 fn mount_tmpfs(at: &Path, bytes: u64) -> bool {
@@ -131,8 +132,10 @@ fn mount_tmpfs(at: &Path, bytes: u64) -> bool {
     }
 }
 
+#[cfg(unix)]
 struct Unmount<'a>(&'a Path);
 
+#[cfg(unix)]
 impl Drop for Unmount<'_> {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(self.0).status();
