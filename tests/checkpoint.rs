@@ -189,12 +189,29 @@ fn hybrid_and_hsdp_checkpoints_resume_on_other_shapes() {
         a.splice(3..3, ["--ranks-per-node".to_string(), rpn.to_string()]);
         run_ok(&a);
         if i == 0 {
-            // Node 0's two ranks wrote; node 1's replicas did not.
+            // The replicas split the writing: all four ranks wrote, each element once, and
+            // no file holds more than half a node's shard (plus rounding).
             let man = wiretrain::checkpoint::Checkpoint::open(&ck)
                 .unwrap()
                 .manifest;
             let writers: Vec<usize> = man.files.iter().map(|f| f.rank).collect();
-            assert_eq!(writers, [0, 1], "{man:?}");
+            assert_eq!(writers, [0, 1, 2, 3], "{man:?}");
+            let mut covered: Vec<[usize; 2]> =
+                man.files.iter().flat_map(|f| f.ranges.clone()).collect();
+            covered.sort();
+            let mut at = 0;
+            for r in &covered {
+                assert_eq!(r[0], at, "each element written once: {covered:?}");
+                at = r[1];
+            }
+            assert_eq!(at, man.total);
+            let most = man
+                .files
+                .iter()
+                .map(|f| f.ranges.iter().map(|r| r[1] - r[0]).sum::<usize>())
+                .max()
+                .unwrap();
+            assert!(most <= man.total / 4 + 1, "{most} of {}", man.total);
         }
         chained.extend(losses(&m));
     }

@@ -2,8 +2,9 @@
 //! [`crate::checkpoint`]).
 //!
 //! Saving is a collective: each writing rank stores the elements it owns (every element is
-//! written once: all ranks under ZeRO-1/2/3, each rank its share under DDP, the ranks of node 0 under
-//! hybrid and HSDP), then one all-gather brings every file's size, checksum and ranges to rank
+//! written once: all ranks under ZeRO-1/2/3, each rank its share under DDP, and under hybrid
+//! and HSDP each node's ranks 1/nodes of their shard, the replicas splitting what they all
+//! hold), then one all-gather brings every file's size, checksum and ranges to rank
 //! 0, which writes the manifest last. Loading reads, on each rank, the element ranges this
 //! rank owns under the *current* world and strategy, so a checkpoint resumes on any world
 //! size or strategy; ranks then agree on success so none is left waiting for another.
@@ -48,10 +49,19 @@ impl<M: Module> Trainer<M> {
             // Every rank holds everything: each writes its share, so no rank writes it all.
             Strategy::Ddp => !self.ddp_write_range().is_empty(),
             Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => true,
-            Strategy::Hybrid | Strategy::Hsdp => {
-                self.pg.node() == 0 && self.owned.iter().any(|r| !r.is_empty())
-            }
+            Strategy::Hybrid | Strategy::Hsdp => !self.replica_write_piece().is_empty(),
         }
+    }
+
+    /// Under hybrid and HSDP (without DiLoCo), every node holds the same shards, so node k
+    /// writes the k-th of `nodes` equal pieces of this rank's shard: a range of positions in
+    /// the shard (the concatenation of `owned`), so each element is written once and no node
+    /// writes it all.
+    fn replica_write_piece(&self) -> std::ops::Range<usize> {
+        let held: usize = self.owned.iter().map(|r| r.len()).sum();
+        let nodes = self.pg.table().num_nodes();
+        let k = self.pg.node();
+        held * k / nodes..held * (k + 1) / nodes
     }
 
     /// The flat layout as the manifest records it.
@@ -96,6 +106,29 @@ impl<M: Module> Trainer<M> {
                 ranges: vec![r.clone()],
                 params: params[r].to_vec(),
                 state: state.tensors.clone(),
+            };
+            return Ok((shard, state));
+        }
+        if self.outer.is_none() && matches!(self.cfg.strategy, Strategy::Hybrid | Strategy::Hsdp) {
+            // The replicas split the shard: this node's piece of it, mapped to flat ranges.
+            let piece = self.replica_write_piece();
+            let mut ranges = Vec::new();
+            let mut at = 0;
+            for r in &self.owned {
+                let (lo, hi) = (piece.start.max(at), piece.end.min(at + r.len()));
+                if lo < hi {
+                    ranges.push(r.start + (lo - at)..r.start + (hi - at));
+                }
+                at += r.len();
+            }
+            let shard = ShardData {
+                ranges,
+                params: params[piece.clone()].to_vec(),
+                state: state
+                    .tensors
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v[piece.clone()].to_vec()))
+                    .collect(),
             };
             return Ok((shard, state));
         }
