@@ -40,6 +40,9 @@ impl std::str::FromStr for Congestion {
 pub struct QuicTuning {
     pub(crate) stream_window: u64,
     pub(crate) conn_window: u64,
+    /// Receive windows (stream, connection) of connections this node accepts, where they
+    /// differ from those it dials.
+    pub(crate) accepted_windows: Option<(u64, u64)>,
     pub(crate) send_window: u64,
     pub(crate) idle_timeout: Duration,
     pub(crate) keep_alive: Duration,
@@ -55,6 +58,7 @@ impl Default for QuicTuning {
         Self {
             stream_window: 32 << 20,
             conn_window: 128 << 20,
+            accepted_windows: None,
             send_window: 128 << 20,
             idle_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(1),
@@ -78,6 +82,13 @@ impl QuicTuning {
     /// Per-connection receive window (bytes).
     pub fn conn_window(&mut self, v: u64) -> &mut Self {
         self.conn_window = v;
+        self
+    }
+    /// Receive windows (per stream, per connection) of the connections this node accepts, in
+    /// place of [`Self::stream_window`] and [`Self::conn_window`] there (the fault tests use it
+    /// to make a node that grants no credit to its mesh peers only).
+    pub fn accepted_windows(&mut self, stream: u64, conn: u64) -> &mut Self {
+        self.accepted_windows = Some((stream, conn));
         self
     }
     /// Per-connection send buffer (bytes).

@@ -1,6 +1,7 @@
-//! A token holder that grants no stream credit (its QUIC flow-control windows are 0): the
-//! coordinator's Welcome to it can never be written. The coordinator must end rendezvous by its
-//! deadline with an error naming that node, not wait forever.
+//! A token holder that grants no stream credit (its QUIC flow-control windows are 0), in each
+//! phase of forming a job: the coordinator's Welcome to it, a joiner's hello to a coordinator
+//! that grants none, refusals, and a mesh peer's PeerHello. Every side must end by its deadline
+//! with an error naming the node it waited for, not wait forever.
 
 mod common;
 
@@ -141,5 +142,50 @@ fn a_coordinator_granting_no_stream_credit_fails_the_joiner_by_its_deadline() {
     let took = t0.elapsed();
     assert!(err.contains("hello") && err.contains("stalled"), "{err}");
     assert!(took < Duration::from_secs(10), "{took:?}: {err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The mesh phase: in a 3-node job, node 1 (a token holder) grants no stream credit on the
+/// connections it accepts, so node 2's PeerHello to it can never be written. Rendezvous with
+/// the coordinator goes through (node 1 dials it); node 2 must then fail by its deadline
+/// naming node 1, not wait forever.
+#[test]
+fn a_mesh_peer_granting_no_stream_credit_fails_the_mesh_by_its_deadline() {
+    let dir = std::env::temp_dir().join(format!("wiretrain-mesh-credit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let addr_file = dir.join("addr");
+    let _ = std::fs::remove_file(&addr_file);
+    let af = addr_file.clone();
+    let token = || common::strong("mesh-credit");
+    let node0 = thread::spawn(move || {
+        let mut cfg =
+            NodeConfig::new(3, Some(0), "127.0.0.1:0".parse().unwrap(), 1, token()).unwrap();
+        cfg.addr_file(af)
+            .rendezvous_timeout(Duration::from_secs(20));
+        Node::join(cfg).map(|_| ()).map_err(|e| e.to_string())
+    });
+    let master = common::node0_addr(&addr_file);
+    let rogue = thread::spawn(move || {
+        let mut cfg = NodeConfig::new(3, Some(1), master, 1, token()).unwrap();
+        cfg.bind("127.0.0.2:0".parse().unwrap())
+            .rendezvous_timeout(Duration::from_secs(8));
+        cfg.quic().accepted_windows(0, 0);
+        Node::join(cfg).map(|_| ()).map_err(|e| e.to_string())
+    });
+    let t0 = Instant::now();
+    let mut cfg = NodeConfig::new(3, Some(2), master, 1, token()).unwrap();
+    cfg.bind("127.0.0.3:0".parse().unwrap())
+        .rendezvous_timeout(Duration::from_secs(4));
+    let err = Node::join(cfg)
+        .map(|_| ())
+        .expect_err("node 2's PeerHello cannot be written");
+    let err = wiretrain_comm::error::report(&err);
+    let took = t0.elapsed();
+    eprintln!("node 2 gave up after {took:?}: {err}");
+    assert!(err.contains("node 1") && err.contains("stalled"), "{err}");
+    assert!(took < Duration::from_secs(12), "{took:?}: {err}");
+    // The others give up by their own deadlines (node 1 waits for node 2, which left).
+    assert!(rogue.join().unwrap().is_err());
+    let _ = node0.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }

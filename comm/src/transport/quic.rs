@@ -36,7 +36,15 @@ pub fn endpoint(
     tuning: &QuicTuning,
 ) -> Result<Endpoint, TransportError> {
     let mut server = quinn::ServerConfig::with_crypto(Arc::new(identity.server_config()?));
-    server.transport_config(Arc::new(transport_config(tuning)));
+    let accepted = match tuning.accepted_windows {
+        Some((stream_window, conn_window)) => QuicTuning {
+            stream_window,
+            conn_window,
+            ..tuning.clone()
+        },
+        None => tuning.clone(),
+    };
+    server.transport_config(Arc::new(transport_config(&accepted)));
     let socket = std::net::UdpSocket::bind(bind)
         .map_err(|source| TransportError::Bind { addr: bind, source })?;
     {
