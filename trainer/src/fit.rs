@@ -185,6 +185,7 @@ pub fn fit<M: Module>(
     // The peak memory reported is that of the training steps, not of start-up (where every
     // rank briefly holds the whole model, whatever the strategy).
     crate::rss::reset_peak_rss();
+    crate::heap::reset_peak();
     let bar = progress_bar(run.steps, leader && run.progress);
     let t_start = Instant::now();
     let mut points: Vec<PlotPoint> = Vec::with_capacity(run.steps);
@@ -387,6 +388,7 @@ pub fn fit<M: Module>(
         mem.grads_bytes as u64,
         mem.optim_bytes as u64,
         crate::rss::peak_rss_bytes().unwrap_or(0),
+        crate::heap::peak_bytes().unwrap_or(0) as u64,
     ];
     let per_rank = gather_memory(trainer.process_group(), mine)?;
     let full_params = match &run.save_params {
@@ -480,11 +482,12 @@ fn slowdown_hook(rank: usize) -> Option<f64> {
     (r.parse::<usize>().ok()? == rank && f.is_finite() && f >= 1.0).then_some(f)
 }
 
-/// Every rank's [params, grads, optim, peak RSS of its process during the steps] bytes, in rank
-/// order (each sent as three exact 16-bit pieces in f32).
+/// Every rank's [params, grads, optim, peak RSS of its process during the steps, peak live heap
+/// bytes of its process during the steps (0: not counted)] bytes, in rank order (each sent as
+/// three exact 16-bit pieces in f32).
 fn gather_memory(
     pg: &mut wiretrain_comm::ProcessGroup,
-    mine: [u64; 4],
+    mine: [u64; 5],
 ) -> Result<Vec<serde_json::Value>, wiretrain_comm::Error> {
     let world = pg.world();
     let enc: Vec<f32> = mine
@@ -508,6 +511,7 @@ fn gather_memory(
             "optim_bytes": dec(&v[6..9]),
             "model_state_bytes": dec(&v[0..3]) + dec(&v[3..6]) + dec(&v[6..9]),
             "peak_rss_bytes": dec(&v[9..12]),
+            "peak_heap_bytes": Some(dec(&v[12..15])).filter(|&h| h > 0),
         }));
     }
     Ok(out)

@@ -42,6 +42,7 @@ pub mod data;
 pub mod device;
 pub mod fit;
 pub mod flat;
+pub mod heap;
 mod hooks;
 pub mod job;
 pub mod launch;

@@ -35,7 +35,12 @@ enum Cmd {
     Devices(cli::devices::DevicesArgs),
 }
 
+/// Counts live heap bytes, for the measured `peak_heap_bytes` of the training summary.
+#[global_allocator]
+static ALLOC: wiretrain::heap::CountingAlloc = wiretrain::heap::CountingAlloc;
+
 fn main() {
+    ALLOC.mark_installed();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
