@@ -338,3 +338,42 @@ fn launch_per_machine_with_master_and_node_rank() {
     assert_eq!(summary["world"], 4, "{summary}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `launch` pins the coordinator for every node it starts: node 0 writes its certificate's
+/// fingerprint, the others are handed it (WIRETRAIN_MASTER_SHA256) and accept only that
+/// certificate at the handshake. (Programs of your own read the same variable through
+/// `JobOptions::from_env`; job.rs tests that.)
+#[test]
+fn launch_pins_the_coordinator_for_every_node_it_starts() {
+    let args = [
+        "launch",
+        "--local",
+        "3",
+        "--",
+        "train",
+        "--example",
+        "mlp",
+        "--steps",
+        "2",
+        "--device",
+        "cpu",
+        "--global-batch",
+        "24",
+        "--no-progress",
+    ];
+    let out = common::run(
+        &args,
+        &[("RUST_LOG", "wiretrain_comm::rendezvous=debug")],
+        Duration::from_secs(120),
+    );
+    let text = common::text(&out);
+    assert!(out.status.success(), "{text}");
+    let dials: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("dialing the coordinator"))
+        .collect();
+    assert_eq!(dials.len(), 2, "{text}");
+    for l in dials {
+        assert!(l.contains("pinned") && l.contains("true"), "{l}");
+    }
+}

@@ -170,6 +170,10 @@ pub struct NodeConfig {
     pub(crate) rendezvous_timeout: Duration,
     pub(crate) collective_timeout: Duration,
     pub(crate) addr_file: Option<PathBuf>,
+    /// Node 0 writes its certificate's SHA-256 here (before the address file).
+    pub(crate) fingerprint_file: Option<PathBuf>,
+    /// The coordinator's certificate SHA-256, when known beforehand: the joiner pins it.
+    pub(crate) master_sha256: Option<String>,
     pub(crate) quic: QuicTuning,
     pub(crate) protocol_version_override: Option<u32>,
     /// The job's nonce, mixed into the job CA with the token (see [`NodeConfig::job_id`]).
@@ -241,6 +245,8 @@ impl NodeConfig {
             rendezvous_timeout: Duration::from_secs(60),
             collective_timeout: Duration::from_secs(120),
             addr_file: None,
+            fingerprint_file: None,
+            master_sha256: None,
             quic: QuicTuning::default(),
             protocol_version_override: None,
             job_id: None,
@@ -288,6 +294,28 @@ impl NodeConfig {
     pub fn addr_file(&mut self, p: PathBuf) -> &mut Self {
         self.addr_file = Some(p);
         self
+    }
+    /// Node 0 writes the SHA-256 of its node certificate to this file (hex, before it writes
+    /// the address file), for a launcher to hand the other nodes as [`Self::master_sha256`].
+    pub fn fingerprint_file(&mut self, p: PathBuf) -> &mut Self {
+        self.fingerprint_file = Some(p);
+        self
+    }
+    /// Pins the coordinator: a joiner then accepts only the node certificate with this SHA-256
+    /// (64 hex digits, as node 0 writes to its [`Self::fingerprint_file`]) at the handshake,
+    /// instead of any certificate of the job CA. `launch` passes it to every node it starts.
+    pub fn master_sha256(&mut self, hex: &str) -> Result<&mut Self, ConfigError> {
+        let hex = hex.trim();
+        if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ConfigError::Invalid {
+                field: "master_sha256",
+                reason: format!(
+                    "{hex:?} is not a SHA-256 fingerprint (64 hex digits, as node 0 writes it)"
+                ),
+            });
+        }
+        self.master_sha256 = Some(hex.to_ascii_lowercase());
+        Ok(self)
     }
     /// A nonce of this job (the launcher's, Slurm's job id), the same on every node: mixed into
     /// the job CA with the token, so a process of an earlier job that used the same token is

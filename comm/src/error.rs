@@ -100,7 +100,7 @@ pub enum RendezvousError {
     #[error("refused by the coordinator: {reason}")]
     Refused { reason: String },
     #[error(
-        "the node at {addr} is of this job but presented a certificate other than the one the rank table names (expected sha256 {expected}); refusing it"
+        "the node at {addr} is of this job but presented a certificate other than the one pinned for it (expected sha256 {expected}, as the rank table or the launcher named it); refusing it"
     )]
     UnknownCertificate { addr: SocketAddr, expected: String },
     #[error("could not reach the coordinator at {addr} within {timeout:?}: {last_error}")]

@@ -1195,6 +1195,16 @@ impl Node {
                 context: "reading the bound address",
                 source,
             })?;
+            if let Some(p) = cfg
+                .fingerprint_file
+                .as_ref()
+                .filter(|_| cfg.node_rank == Some(0))
+            {
+                write_atomically(p, &identity.node_fingerprint()).map_err(|source| Error::Io {
+                    context: "writing the fingerprint file",
+                    source,
+                })?;
+            }
             if let Some(p) = &cfg.addr_file {
                 write_atomically(p, &local.to_string()).map_err(|source| Error::Io {
                     context: "writing the address file",

@@ -370,13 +370,20 @@ pub async fn join(
     cfg: &NodeConfig,
 ) -> Result<(RankTable, usize, Peer), RendezvousError> {
     let start = Instant::now();
+    // Pinned when the launcher told us the coordinator's certificate; else any of the job CA,
+    // checked against the table's node 0 once the table arrives.
+    tracing::debug!(
+        master = %cfg.master,
+        pinned = cfg.master_sha256.is_some(),
+        "dialing the coordinator"
+    );
     let conn = dial(
         ep,
         identity,
         cfg,
         cfg.master,
         start + cfg.rendezvous_timeout,
-        None,
+        cfg.master_sha256.as_deref(),
     )
     .await?;
     let by = start + cfg.rendezvous_timeout;

@@ -3,6 +3,8 @@
 //! the exact node certificate the rank table names. What the coordinator records is the
 //! fingerprint of the certificate the peer actually presented.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -79,4 +81,57 @@ async fn only_the_pinned_node_of_the_same_job_gets_in() {
     let stranger_srv = server(&stranger);
     let (ok, _, seen) = dial(&stranger_srv, &node_b, None).await;
     assert!(!ok && seen.is_none());
+}
+
+/// The joiner → coordinator link pinned: node 0 writes its certificate's fingerprint (as
+/// `launch` has it do); a joiner given it joins, a joiner given another fingerprint is refused
+/// at the handshake naming the expected certificate, and a malformed one is a config error.
+#[test]
+fn a_joiner_given_the_coordinators_fingerprint_pins_it() {
+    use wiretrain_comm::{Node, NodeConfig};
+    let dir = std::env::temp_dir().join(format!("wiretrain-pin-master-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (addr_file, fp_file) = (dir.join("addr"), dir.join("sha256"));
+    let _ = std::fs::remove_file(&addr_file);
+    let token = || common::strong("pin-master");
+    let (af, ff) = (addr_file.clone(), fp_file.clone());
+    let node0 = std::thread::spawn(move || {
+        let mut cfg =
+            NodeConfig::new(2, Some(0), "127.0.0.1:0".parse().unwrap(), 1, token()).unwrap();
+        cfg.addr_file(af)
+            .fingerprint_file(ff)
+            .rendezvous_timeout(Duration::from_secs(20));
+        Node::join(cfg).map(|n| {
+            let _ = n.shutdown();
+        })
+    });
+    let master = common::node0_addr(&addr_file);
+    let fp = std::fs::read_to_string(&fp_file).expect("node 0 wrote its fingerprint first");
+    assert_eq!(fp.trim().len(), 64, "{fp}");
+
+    let joiner = |pin: &str, bind: &str| {
+        let mut cfg = NodeConfig::new(2, Some(1), master, 1, token()).unwrap();
+        cfg.bind(bind.parse().unwrap())
+            .rendezvous_timeout(Duration::from_secs(5));
+        cfg.master_sha256(pin).unwrap();
+        Node::join(cfg)
+    };
+    // Another certificate than the one named: refused at the handshake, not after.
+    let wrong = "ab".repeat(32);
+    let e = joiner(&wrong, "127.0.0.3:0").map(|_| ()).unwrap_err();
+    let e = wiretrain_comm::error::report(&e);
+    assert!(e.contains(&wrong) && e.contains("certificate"), "{e}");
+    // The right one: the job forms.
+    let n = joiner(&fp, "127.0.0.2:0").expect("the pinned coordinator is accepted");
+    let _ = n.shutdown();
+    node0.join().unwrap().expect("node 0");
+    // Malformed: a config error naming the setting.
+    let mut cfg = NodeConfig::new(2, Some(1), master, 1, token()).unwrap();
+    let e = cfg
+        .master_sha256("abc")
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("master_sha256") && e.contains("64 hex"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
 }

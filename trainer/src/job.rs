@@ -27,6 +27,10 @@ pub mod env {
     /// A nonce of the job, the same on every node (`launch --local` makes one up; else
     /// Slurm's `SLURM_JOB_ID` or torchrun's `TORCHELASTIC_RUN_ID` is used).
     pub const JOB_ID: &str = "WIRETRAIN_JOB_ID";
+    /// Node 0 writes its node certificate's SHA-256 here (set by `launch` for node 0).
+    pub const FINGERPRINT_FILE: &str = "WIRETRAIN_FINGERPRINT_FILE";
+    /// The coordinator's certificate SHA-256: joiners pin it (set by `launch` for the others).
+    pub const MASTER_SHA256: &str = "WIRETRAIN_MASTER_SHA256";
 }
 
 /// A job setting that cannot be used; the message names the setting and how to fix it.
@@ -64,6 +68,10 @@ pub struct JobOptions {
     pub congestion: String,
     /// Node 0 writes its bound address here (local launchers).
     pub addr_file: Option<PathBuf>,
+    /// Node 0 writes its certificate's SHA-256 here (local launchers).
+    pub fingerprint_file: Option<PathBuf>,
+    /// The coordinator's certificate SHA-256, pinned by joiners when given.
+    pub master_sha256: Option<String>,
     pub protocol_version_override: Option<u32>,
 }
 
@@ -86,6 +94,8 @@ impl Default for JobOptions {
             net_threads: 2,
             congestion: "cubic".into(),
             addr_file: None,
+            fingerprint_file: None,
+            master_sha256: None,
             protocol_version_override: None,
         }
     }
@@ -130,6 +140,8 @@ impl JobOptions {
             o.share_device = matches!(v.trim(), "1" | "true" | "yes");
         }
         o.addr_file = get(env::ADDR_FILE).map(PathBuf::from);
+        o.fingerprint_file = get(env::FINGERPRINT_FILE).map(PathBuf::from);
+        o.master_sha256 = get(env::MASTER_SHA256);
         o.token_file = get(env::TOKEN_FILE).map(PathBuf::from);
         Ok(o)
     }
@@ -232,6 +244,13 @@ impl JobOptions {
         if let Some(p) = &self.addr_file {
             cfg.addr_file(p.clone());
         }
+        if let Some(p) = &self.fingerprint_file {
+            cfg.fingerprint_file(p.clone());
+        }
+        if let Some(h) = &self.master_sha256 {
+            cfg.master_sha256(h)
+                .map_err(|err| e("--master-sha256 (WIRETRAIN_MASTER_SHA256)", &err))?;
+        }
         cfg.rendezvous_timeout(self.rendezvous_timeout)
             .collective_timeout(self.collective_timeout);
         cfg.quic()
@@ -325,5 +344,43 @@ mod tests {
             e.contains("WIRETRAIN_DEVICE") && e.contains("not a device"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_coordinators_fingerprint_reaches_a_programs_node_config() {
+        let dir = std::env::temp_dir().join(format!("wiretrain-job-sha-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let token = dir.join("token");
+        std::fs::write(&token, "0123456789abcdef0123456789abcdef").unwrap();
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&token, std::fs::Permissions::from_mode(0o600)).unwrap();
+        }
+        let options = |sha: String| {
+            let mut o = JobOptions::from_vars(|k| match k {
+                env::NNODES => Some("2".to_string()),
+                env::NODE_RANK => Some("1".to_string()),
+                env::MASTER => Some("127.0.0.1:29500".to_string()),
+                env::MASTER_SHA256 => Some(sha.clone()),
+                _ => None,
+            })
+            .unwrap();
+            o.token_file = Some(token.clone());
+            o
+        };
+        let good = "ab".repeat(32);
+        let o = options(good.clone());
+        assert_eq!(o.master_sha256.as_deref(), Some(good.as_str()));
+        o.node_config().unwrap();
+        let e = options("not-hex".into())
+            .node_config()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("WIRETRAIN_MASTER_SHA256") && e.contains("64 hex"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

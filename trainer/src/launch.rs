@@ -226,30 +226,38 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
     let exe = std::env::current_exe()?;
     let dir = temp_dir()?;
     let addr_file = dir.join("master.addr");
+    let fingerprint_file = dir.join("master.sha256");
     let token = job_token();
     // This launch's nonce (mixed into the job CA): the caller's, else a fresh one.
     let job_id = std::env::var(env::JOB_ID)
         .ok()
         .filter(|j| !j.is_empty())
         .unwrap_or_else(|| format!("local-{:016x}", rand::random::<u64>()));
-    let spawn = |node: usize, master: &str| -> Result<Child, LaunchError> {
-        let bind = format!("{}:0", node_ip(node));
-        let place = if node == 0 {
-            Place::AddrFile(&addr_file)
-        } else {
-            Place::Bind(&bind)
+    let spawn =
+        |node: usize, master: &str, fingerprint: Option<&str>| -> Result<Child, LaunchError> {
+            let bind = format!("{}:0", node_ip(node));
+            let place = if node == 0 {
+                Place::AddrFile(&addr_file)
+            } else {
+                Place::Bind(&bind)
+            };
+            let mut c = target.command(&exe, nodes, node, master, place);
+            c.env(env::TOKEN, &token).env(env::JOB_ID, &job_id);
+            // Node 0 says which certificate it holds; the others pin exactly that one.
+            if node == 0 {
+                c.env(env::FINGERPRINT_FILE, &fingerprint_file);
+            } else if let Some(f) = fingerprint {
+                c.env(env::MASTER_SHA256, f);
+            }
+            let child = c
+                .spawn()
+                .map_err(|source| LaunchError::Spawn { node, source })?;
+            PIDS.lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(child.id());
+            Ok(child)
         };
-        let mut c = target.command(&exe, nodes, node, master, place);
-        c.env(env::TOKEN, &token).env(env::JOB_ID, &job_id);
-        let child = c
-            .spawn()
-            .map_err(|source| LaunchError::Spawn { node, source })?;
-        PIDS.lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(child.id());
-        Ok(child)
-    };
-    let mut children = vec![spawn(0, "127.0.0.1:0")?];
+    let mut children = vec![spawn(0, "127.0.0.1:0", None)?];
     let limit = Duration::from_secs(30);
     let t0 = Instant::now();
     let master = loop {
@@ -267,8 +275,12 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
         }
         std::thread::sleep(Duration::from_millis(10));
     };
+    // Node 0 writes its fingerprint before its address.
+    let fingerprint = std::fs::read_to_string(&fingerprint_file)
+        .map(|f| f.trim().to_string())
+        .ok();
     for node in 1..nodes {
-        match spawn(node, &master) {
+        match spawn(node, &master, fingerprint.as_deref()) {
             Ok(c) => children.push(c),
             Err(e) => {
                 for c in &mut children {

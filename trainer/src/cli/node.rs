@@ -56,6 +56,12 @@ pub struct NodeArgs {
     /// Node 0 writes its bound address here (used by local launchers).
     #[arg(long, hide = true, env = "WIRETRAIN_ADDR_FILE")]
     pub addr_file: Option<PathBuf>,
+    /// Node 0 writes its certificate's SHA-256 here (used by local launchers).
+    #[arg(long, hide = true, env = "WIRETRAIN_FINGERPRINT_FILE")]
+    pub fingerprint_file: Option<PathBuf>,
+    /// The coordinator's certificate SHA-256 (64 hex digits): this node pins it when it joins.
+    #[arg(long, env = "WIRETRAIN_MASTER_SHA256")]
+    pub master_sha256: Option<String>,
     /// Announce another protocol version (testing only).
     #[arg(long, hide = true)]
     pub protocol_version_override: Option<u32>,
@@ -86,6 +92,8 @@ impl NodeArgs {
             net_threads: self.net_threads,
             congestion: self.congestion.clone(),
             addr_file: self.addr_file.clone(),
+            fingerprint_file: self.fingerprint_file.clone(),
+            master_sha256: self.master_sha256.clone(),
             protocol_version_override: self.protocol_version_override,
             ..JobOptions::default()
         })
