@@ -390,6 +390,14 @@ fn bad_input_is_one_line_and_exit_code_2() {
             "--features cuda",
         ),
         (vec!["train", "--accumulate", "0"], "--accumulate"),
+        (
+            vec!["train", "--accumulate", "2", "--strategy", "zero3"],
+            "--accumulate: zero3",
+        ),
+        (
+            vec!["train", "--accumulate", "2", "--strategy", "hsdp"],
+            "--accumulate: hsdp",
+        ),
         (vec!["train", "--shares", "3,x"], "--shares"),
         (vec!["train", "--balance", "fastest"], "--balance"),
         (

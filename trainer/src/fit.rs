@@ -173,6 +173,14 @@ pub fn fit<M: Module>(
     mut step_fn: impl FnMut(&mut Trainer<M>, &[usize]) -> Result<StepReport, TrainError>,
 ) -> Result<Fitted<M>, FitError> {
     let leader = trainer.process_group().rank() == 0;
+    let strategy = trainer.config().strategy;
+    if run.accumulate > 1 && strategy.shards_params() {
+        return Err(FitError::Train(TrainError::Config(format!(
+            "accumulate {}: {strategy} runs one micro-batch per step (accumulation with sharded \
+             parameters is not built yet); use zero2 or hybrid to accumulate",
+            run.accumulate
+        ))));
+    }
     if let Some(s) = &run.stop {
         trainer.set_stop_flag(s.clone());
     }

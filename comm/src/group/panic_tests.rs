@@ -89,8 +89,10 @@ fn reduce(pg: &mut ProcessGroup, steps: usize, len: usize) -> Outcome {
     (pg.rank(), Instant::now(), "no error".to_string())
 }
 
-/// Every rank but `except` failed, within 5 s of the first, naming `what`.
-fn all_fail_naming(all: &[Outcome], except: Option<usize>, what: &[&str]) {
+/// Every rank but `except` failed naming `what`, within 5 s of the first outcome (the injected
+/// fault's rank), and all well before the 60 s collective timeout counted from `start` (the
+/// test's start: rendezvous and the three collectives before the fault take about a second).
+fn all_fail_naming(start: Instant, all: &[Outcome], except: Option<usize>, what: &[&str]) {
     assert_eq!(all.len(), 4);
     let first = all.iter().map(|x| x.1).min().unwrap();
     for (rank, at, err) in all.iter().filter(|x| Some(x.0) != except) {
@@ -100,22 +102,34 @@ fn all_fail_naming(all: &[Outcome], except: Option<usize>, what: &[&str]) {
             after < Duration::from_secs(5),
             "rank {rank} after {after:?}: {err}"
         );
+        let since_start = at.duration_since(start);
+        assert!(
+            since_start < Duration::from_secs(20),
+            "rank {rank} failed {since_start:?} into the test: {err}"
+        );
     }
 }
 
 #[test]
 fn a_panic_between_barriers_fails_every_rank_of_every_node_naming_it() {
     // Global rank 1 (node 0, local rank 1) panics in its third collective.
+    let start = Instant::now();
     let all = two_by_two(
         |cfg| cfg.test_panic_at = Some((1, 3)),
         |mut pg| reduce(&mut pg, 6, 9_000_000),
     );
-    all_fail_naming(&all, None, &["local rank 1 panicked", "injected panic"]);
+    all_fail_naming(
+        start,
+        &all,
+        None,
+        &["local rank 1 panicked", "injected panic"],
+    );
 }
 
 #[test]
 fn a_rank_thread_that_panics_fails_every_rank_naming_it() {
     crate::abort::note_panics();
+    let start = Instant::now();
     let all = two_by_two(
         |_| {},
         |mut pg| {
@@ -126,11 +140,12 @@ fn a_rank_thread_that_panics_fails_every_rank_naming_it() {
             reduce(&mut pg, 6, 1000)
         },
     );
-    all_fail_naming(&all, Some(1), &["boom at step 3"]);
+    all_fail_naming(start, &all, Some(1), &["boom at step 3"]);
 }
 
 #[test]
 fn a_rank_that_returns_early_fails_the_others_at_once() {
+    let start = Instant::now();
     let all = two_by_two(
         |_| {},
         |mut pg| {
@@ -142,6 +157,7 @@ fn a_rank_that_returns_early_fails_the_others_at_once() {
         },
     );
     all_fail_naming(
+        start,
         &all,
         Some(1),
         &["rank 1", "left the job after its collective #3"],

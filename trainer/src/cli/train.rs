@@ -310,9 +310,10 @@ impl TrainArgs {
         if accumulate == 0 {
             bail!("--accumulate must be at least 1");
         }
-        if accumulate > 1 && strategy == Strategy::Zero3 {
+        if accumulate > 1 && strategy.shards_params() {
             bail!(
-                "--accumulate: zero3 runs one micro-batch per step (accumulation is not built yet)"
+                "--accumulate: {strategy} runs one micro-batch per step (accumulation with sharded \
+                 parameters is not built yet); use zero2 or hybrid to accumulate"
             );
         }
         let d_model = self.d_model.or(file.d_model).unwrap_or(64);
