@@ -218,3 +218,42 @@ fn one_rank_failing_to_load_under_zero2_fails_every_rank_with_its_error() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A checkpoint of another model (here char-lm 64 wide, resumed 32 wide) is refused at resume,
+/// naming what does not fit; nothing is loaded and the checkpoint stays.
+#[test]
+fn a_checkpoint_of_another_model_is_refused_naming_the_parameter() {
+    let d = dir("other-model");
+    let ck = d.join("ck");
+    let args = |width: &str, extra: &[&str]| -> Vec<String> {
+        let mut a: Vec<String> = [
+            "train",
+            "--example",
+            "char-lm",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--d-model",
+            width,
+            "--checkpoint-dir",
+            s(&ck),
+        ]
+        .iter()
+        .map(|x| x.to_string())
+        .collect();
+        a.extend(extra.iter().map(|x| x.to_string()));
+        a
+    };
+    let (ok, text) = run(&args("64", &[]));
+    assert!(ok, "{text}");
+    let (ok, text) = run(&args("32", &["--resume"]));
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("does not fit this run: parameter #0 is \"tok.weight\" [63, 64] in the checkpoint but \"tok.weight\" [63, 32] in this model"),
+        "names the parameter that does not fit: {text}"
+    );
+    assert_eq!(Checkpoint::open(&ck).unwrap().manifest.step, 2);
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -207,3 +207,66 @@ fn a_signal_at_one_node_stops_the_whole_job() {
     check_clean_stop(child, &m);
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A second signal more than 2 s after the first aborts at once (exit 130), even while the
+/// clean stop is still busy: here its final checkpoint write stalls for 60 s.
+#[cfg(unix)]
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs the test hooks: --features wiretrain/test-hooks (scripts/test.sh)"
+)]
+fn a_second_signal_aborts_at_once() {
+    let d = dir("second-sigint");
+    let m = d.join("m.jsonl");
+    let mut child = Command::new(common::bin())
+        .args([
+            "train",
+            "--example",
+            "mlp",
+            "--steps",
+            "1000000",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--metrics",
+            m.to_str().unwrap(),
+            "--checkpoint-every",
+            "1000000",
+            "--checkpoint-dir",
+            d.join("ck").to_str().unwrap(),
+        ])
+        .env("WIRETRAIN_TEST_STALL_CHECKPOINT", "0:60000")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_steps(&mut child, &m, 5);
+    signal(child.id(), "-INT");
+    // The clean stop begins: its checkpoint stalls. A second signal within 2 s counts as the
+    // same keypress; one after 2.5 s aborts.
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "still stopping cleanly"
+    );
+    let second = Instant::now();
+    signal(child.id(), "-INT");
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if second.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("the second signal did not abort the run");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let took = second.elapsed();
+    assert_eq!(status.code(), Some(130), "{status:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "aborted {took:?} after the second signal"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

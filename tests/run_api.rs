@@ -124,3 +124,24 @@ fn impossible_device_specs_are_refused_before_the_job_starts() {
         "{e}"
     );
 }
+
+/// Ranks whose models differ are refused by `Trainer::new` before training, naming the first
+/// parameter that differs and its path and shape.
+#[test]
+fn ranks_with_different_models_are_refused_naming_the_parameter() {
+    use wiretrain::models::char_lm::CharLmConfig;
+    use wiretrain::{Strategy, Trainer, TrainerConfig};
+    let res = wiretrain::run(job(2, vec![DeviceSpec::Cpu]), |ctx| {
+        let device = ctx.device();
+        let width = if ctx.rank() == 0 { 64 } else { 32 };
+        let model = CharLmConfig::new(30).with_d_model(width).init(&device, 1);
+        Trainer::new(model, &device, TrainerConfig::new(Strategy::Ddp), ctx.pg)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    });
+    let msg = res.expect_err("different models").to_string();
+    assert!(
+        msg.contains("parameter #0 differs between rank 0 and rank 1") && msg.contains("tok"),
+        "{msg}"
+    );
+}
