@@ -189,3 +189,41 @@ fn a_mesh_peer_granting_no_stream_credit_fails_the_mesh_by_its_deadline() {
     let _ = node0.join().unwrap();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The goodbye phase: node 1 stays alive but never says goodbye (it never calls shutdown).
+/// Node 0's shutdown is bounded by the collective timeout (its goodbye deadline) and names
+/// node 1, instead of waiting for it.
+#[test]
+fn a_peer_that_never_says_goodbye_bounds_shutdown() {
+    let (tx, rx) = mpsc::channel();
+    let (master, dir) = coordinator("goodbye", move |mut cfg| {
+        cfg.rendezvous_timeout(Duration::from_secs(10))
+            .collective_timeout(Duration::from_secs(2));
+        let node = Node::join(cfg).expect("the job forms");
+        let t0 = Instant::now();
+        let r = node
+            .shutdown()
+            .map_err(|e| wiretrain_comm::error::report(&e));
+        let _ = tx.send((t0.elapsed(), r));
+    });
+    let silent = thread::spawn(move || {
+        let mut cfg = NodeConfig::new(2, Some(1), master, 1, common::strong("goodbye")).unwrap();
+        cfg.bind("127.0.0.2:0".parse().unwrap())
+            .rendezvous_timeout(Duration::from_secs(10));
+        let node = Node::join(cfg).expect("joins");
+        // Alive, connected, silent: no goodbye until long after node 0's deadline.
+        thread::sleep(Duration::from_secs(8));
+        drop(node);
+    });
+    let (took, r) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("node 0 shut down");
+    let e = r.expect_err("node 1 said no goodbye");
+    assert!(
+        e.contains("node 1") && e.contains("no goodbye within 2s"),
+        "{e}"
+    );
+    assert!(took < Duration::from_secs(6), "shutdown took {took:?}: {e}");
+    silent.join().unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
