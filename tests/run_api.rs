@@ -145,3 +145,39 @@ fn ranks_with_different_models_are_refused_naming_the_parameter() {
         "{msg}"
     );
 }
+
+/// ZeRO-3 frees every unit's gathered parameters after use: after a step the model held by
+/// the trainer keeps one placeholder element per parameter tensor of each unit instead of
+/// the unit's parameters (against all 112 K of them before training), on every rank.
+#[test]
+fn zero3_frees_each_units_parameters_after_use() {
+    use burn::module::Module;
+    use wiretrain::data::DistributedSampler;
+    use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
+    use wiretrain::{Strategy, Trainer, TrainerConfig};
+    let corpus = std::sync::Arc::new(Corpus::shipped(64));
+    let res = wiretrain::run(job(2, vec![DeviceSpec::Cpu]), move |ctx| {
+        let device = ctx.device().autodiff();
+        let model = CharLmConfig::new(corpus.vocab_size()).init(&device, 1);
+        let tensors = wiretrain::flat::FlatLayout::of(&model).entries().len();
+        let before = model.num_params();
+        let mut sampler = DistributedSampler::new(corpus.len(), 16, ctx.world(), ctx.rank(), 1)?;
+        let mut t =
+            Trainer::with_units(model, &device, TrainerConfig::new(Strategy::Zero3), ctx.pg)
+                .map_err(|e| e.to_string())?;
+        for step in 0..2 {
+            let (input, loss) = CharLm::unit_io(&corpus, &sampler.indices(step), &device);
+            t.step_units(input, loss).map_err(|e| e.to_string())?;
+        }
+        Ok::<_, String>((before, tensors, t.model().num_params()))
+    });
+    for (before, tensors, after) in res.expect("trains") {
+        eprintln!("model parameters: {before} before, {after} after a step ({tensors} tensors)");
+        assert!(before > 100_000, "{before}");
+        assert!(
+            after <= tensors,
+            "after a step the model holds {after} parameters (of {before}); at most one \
+             placeholder per tensor ({tensors}) may stay"
+        );
+    }
+}
