@@ -32,6 +32,7 @@ pub mod flight;
 pub mod group;
 #[cfg(feature = "nccl")]
 pub mod nccl;
+pub mod op;
 pub mod rendezvous;
 pub mod tls;
 pub mod topology;

@@ -105,14 +105,6 @@ impl Peer {
     }
 }
 
-/// What rendezvous produces for a node.
-pub struct Joined {
-    pub node: usize,
-    pub table: RankTable,
-    pub peers: Vec<Peer>,
-    pub lanes: Vec<LaneLinks>,
-}
-
 pub async fn send_control(s: &mut SendStream, m: &Control) -> Result<(), String> {
     s.write_all(&encode_control(m))
         .await
@@ -608,8 +600,31 @@ pub async fn mesh(
     Ok(peers)
 }
 
-/// Opens one unidirectional stream per lane to every peer and accepts theirs.
+/// A node's lane streams, opaque outside this crate: the collectives run over them, and
+/// tests that play a misbehaving peer can write raw bytes on one ([`Lanes::raw_send`]).
+pub struct Lanes(pub(crate) Vec<LaneLinks>);
+
+impl Lanes {
+    /// The raw send stream of lane `lane` to `node`, bypassing framing (misbehaving-peer
+    /// tests only).
+    #[doc(hidden)]
+    pub fn raw_send(&mut self, lane: usize, node: usize) -> Option<&mut SendStream> {
+        self.0.get_mut(lane)?.raw_send(node)
+    }
+}
+
+/// Opens this node's lane streams to every other node (see [`open_lanes_inner`]).
 pub async fn open_lanes(
+    cfg: &NodeConfig,
+    table: &RankTable,
+    me: usize,
+    peers: &[Peer],
+) -> Result<Lanes, RendezvousError> {
+    open_lanes_inner(cfg, table, me, peers).await.map(Lanes)
+}
+
+/// Opens one unidirectional stream per lane to every peer and accepts theirs.
+pub(crate) async fn open_lanes_inner(
     cfg: &NodeConfig,
     table: &RankTable,
     me: usize,

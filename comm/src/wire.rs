@@ -83,7 +83,7 @@ impl std::str::FromStr for WireDtype {
 /// The header of one data frame.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
-    /// Collective kind code (see `group::OpKind`).
+    /// Collective kind code (see `op::OpKind`).
     pub op: u8,
     pub dtype: WireDtype,
     /// The collective's sequence number in its process group.

@@ -60,7 +60,7 @@ fn rogue_run(payload: Vec<u8>) -> (String, String) {
         let mut lanes = rendezvous::open_lanes(&cfg, &table, me, &peers)
             .await
             .unwrap();
-        let s = lanes[0].raw_send(0).unwrap();
+        let s = lanes.raw_send(0, 0).unwrap();
         s.write_all(&payload).await.unwrap();
         let why = tokio::time::timeout(Duration::from_secs(20), peers[0].conn.closed())
             .await

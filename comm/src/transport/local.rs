@@ -86,10 +86,6 @@ impl NodeShared {
         }
     }
 
-    pub fn ranks(&self) -> usize {
-        self.ranks
-    }
-
     /// Waits until all local ranks arrive, the barrier is aborted, or `timeout` passes.
     pub fn barrier(&self, rank: usize, timeout: Duration) -> Result<(), BarrierError> {
         if self.ranks == 1 {
@@ -203,6 +199,7 @@ impl NodeShared {
     }
 
     /// Publishes `rank`'s buffer for the current collective.
+    #[cfg(test)]
     pub fn publish(&self, rank: usize, buf: &mut [f32], call: Call) {
         self.publish_raw(rank, buf.as_mut_ptr(), buf.len(), call);
     }

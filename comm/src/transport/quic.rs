@@ -162,7 +162,7 @@ pub fn describe_conn_error(e: &ConnectionError) -> String {
 
 /// A raw view of a rank's buffer shared by a lane's sender and receiver.
 #[derive(Clone, Copy)]
-pub struct RawBuf {
+pub(crate) struct RawBuf {
     ptr: *mut f32,
     len: usize,
 }
@@ -204,7 +204,7 @@ impl RawBuf {
 
 /// Where a lane stands, for error messages ("waiting for ...").
 #[derive(Debug, Default)]
-pub struct LaneProgress {
+pub(crate) struct LaneProgress {
     recv_step: AtomicU64,
     recv_chunk: AtomicU64,
     recv_from: AtomicU64,
@@ -227,15 +227,14 @@ impl LaneProgress {
     }
 }
 
-/// A lane failure: which node it involved and what went wrong.
+/// A lane failure: what went wrong (the error names the node).
 #[derive(Debug)]
-pub struct LaneError {
-    pub node: usize,
+pub(crate) struct LaneError {
     pub error: TransportError,
 }
 
 /// The streams of one lane to and from every other node.
-pub struct LaneLinks {
+pub(crate) struct LaneLinks {
     pub lane: usize,
     send: HashMap<usize, SendStream>,
     recv: HashMap<usize, RecvStream>,
@@ -250,7 +249,7 @@ pub struct LaneLinks {
 }
 
 /// One ring pass to execute on a lane.
-pub struct RingJob<'a> {
+pub(crate) struct RingJob<'a> {
     pub buf: RawBuf,
     pub pieces: &'a [Range<usize>],
     pub steps: &'a [RingStep],
@@ -320,7 +319,6 @@ impl LaneLinks {
 
     fn lost(&self, node: usize, e: &ConnectionError) -> LaneError {
         LaneError {
-            node,
             error: TransportError::Lost {
                 peer: self.describe(node),
                 reason: describe_conn_error(e),
@@ -334,7 +332,6 @@ impl LaneLinks {
             c.close(VarInt::from_u32(close_code::PROTOCOL), reason.as_bytes());
         }
         LaneError {
-            node,
             error: TransportError::Protocol {
                 peer: self.describe(node),
                 source: e,
@@ -354,7 +351,6 @@ impl LaneLinks {
         match e {
             quinn::WriteError::ConnectionLost(c) => self.lost(node, &c),
             other => LaneError {
-                node,
                 error: TransportError::Lost {
                     peer: self.describe(node),
                     reason: format!("lane stream write failed: {other}"),
@@ -380,7 +376,6 @@ impl LaneLinks {
                 self.lost(node, &c)
             }
             other => LaneError {
-                node,
                 error: TransportError::Lost {
                     peer: self.describe(node),
                     reason: format!("lane stream read failed: {other}"),
@@ -391,7 +386,6 @@ impl LaneLinks {
 
     fn missing(&self, node: usize) -> LaneError {
         LaneError {
-            node,
             error: TransportError::Lost {
                 peer: self.describe(node),
                 reason: format!("no lane {} stream to this node", self.lane),
@@ -488,7 +482,7 @@ impl LaneLinks {
                     let step = job.step_base + s as u32;
                     progress.set(step, f as u32, job.prev);
                     recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
-                    let got = FrameHeader::decode(&hb, crate::group::OpKind::MAX_CODE)
+                    let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
                         .map_err(Fail::Wire)?;
                     let want = FrameHeader {
                         op: job.op,
@@ -567,7 +561,7 @@ impl LaneLinks {
                     if let Err(e) = recv.read_exact(&mut hb).await {
                         return Err(self.read_err(p, e).await);
                     }
-                    let got = FrameHeader::decode(&hb, crate::group::OpKind::MAX_CODE)
+                    let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
                         .and_then(|g| g.expect(&want).map(|()| g));
                     if let Err(w) = got {
                         return Err(self.protocol(p, w));

@@ -1,0 +1,619 @@
+//! The executor: runs one rank's collectives, in order, on its communication thread. Inside
+//! the node it works on the shared buffers (the fused reduce and copy loops); across nodes it
+//! hands each lane's ring to the node's network runtime.
+
+use super::{OpId, OpKind, ReduceOp};
+use crate::abort::FailHook;
+use crate::algo::layout::intersect;
+use crate::algo::{Layout, ring};
+use crate::error::{CollectiveError, Error, TransportError};
+use crate::topology::RankTable;
+use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
+use crate::transport::quic::{LaneLinks, RawBuf, RingJob};
+use crate::wire::WireDtype;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What a lane owner runs across nodes.
+pub(super) enum LaneTask<'a> {
+    Ring(RingJob<'a>),
+    Chain {
+        buf: RawBuf,
+        pieces: &'a [std::ops::Range<usize>],
+        from: Option<usize>,
+        to: Option<usize>,
+    },
+}
+
+/// A `LaneTask` that owns its piece and step lists, so it can run as a task on the runtime.
+pub(super) enum OwnedLaneTask {
+    /// `job`'s own `pieces` and `steps` are empty; the task points them at these.
+    Ring {
+        job: RingJob<'static>,
+        pieces: Vec<std::ops::Range<usize>>,
+        steps: Vec<ring::RingStep>,
+    },
+    Chain {
+        buf: RawBuf,
+        pieces: Vec<std::ops::Range<usize>>,
+        from: Option<usize>,
+        to: Option<usize>,
+    },
+}
+
+impl From<LaneTask<'_>> for OwnedLaneTask {
+    fn from(t: LaneTask<'_>) -> Self {
+        match t {
+            LaneTask::Ring(j) => OwnedLaneTask::Ring {
+                pieces: j.pieces.to_vec(),
+                steps: j.steps.to_vec(),
+                job: RingJob {
+                    pieces: &[],
+                    steps: &[],
+                    ..j
+                },
+            },
+            LaneTask::Chain {
+                buf,
+                pieces,
+                from,
+                to,
+            } => OwnedLaneTask::Chain {
+                buf,
+                pieces: pieces.to_vec(),
+                from,
+                to,
+            },
+        }
+    }
+}
+
+/// Runs the collectives of one rank on its communication thread.
+pub(super) struct Executor {
+    pub(super) rank: usize,
+    pub(super) local: usize,
+    pub(super) node: usize,
+    pub(super) table: Arc<RankTable>,
+    pub(super) shared: Arc<NodeShared>,
+    pub(super) lane: Option<LaneLinks>,
+    pub(super) rt: tokio::runtime::Handle,
+    pub(super) timeout: Duration,
+    pub(super) failed: Option<String>,
+    pub(super) on_fail: FailHook,
+    /// Time (ms) and bytes this rank spent on its inter-node lane in the current collective.
+    pub(super) inter: Option<(f64, u64)>,
+    /// The wire dtype of the collective being run.
+    pub(super) wire: WireDtype,
+    /// Unit tests: (rank, seq) of the collective that panics after its first barrier.
+    #[cfg(test)]
+    pub(super) panic_at: Option<(usize, u64)>,
+}
+
+impl Executor {
+    pub(super) fn fail(&mut self, id: OpId, e: CollectiveError) -> Error {
+        // When another local rank already failed this node, that is the cause: report it, not
+        // its echo (e.g. the connections the node closed because of it).
+        if let Some((r, why)) = self.shared.aborted()
+            && r != self.local
+        {
+            let e = CollectiveError::PeerFailed {
+                op: id.kind.name(),
+                seq: id.seq,
+                rank: self.rank,
+                peer: self.table.global_rank(self.node, r),
+                reason: why,
+            };
+            self.failed = Some(crate::error::report(&e));
+            return e.into();
+        }
+        let msg = crate::error::report(&e);
+        tracing::error!(rank = self.rank, op = %id, "{msg}");
+        self.failed = Some(msg.clone());
+        self.shared
+            .abort(self.local, format!("rank {}: {msg}", self.rank));
+        (self.on_fail)(format!("rank {} failed: {msg}", self.rank));
+        e.into()
+    }
+
+    pub(super) fn barrier(
+        &mut self,
+        id: OpId,
+        bytes: usize,
+        deadline: Instant,
+    ) -> Result<(), Error> {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let peer_failed = |ex: &Self, local: usize, reason: String| CollectiveError::PeerFailed {
+            op: id.kind.name(),
+            seq: id.seq,
+            rank: ex.rank,
+            peer: ex.table.global_rank(ex.node, local),
+            reason,
+        };
+        match self.shared.barrier(self.local, left) {
+            Ok(()) => Ok(()),
+            Err(BarrierError::Aborted { rank, reason }) => {
+                let e = peer_failed(self, rank, reason);
+                self.failed = Some(crate::error::report(&e));
+                Err(e.into())
+            }
+            Err(BarrierError::Departed { rank, reason }) => {
+                // Nobody failed yet: fail the node (and through it the other nodes) now.
+                let e = peer_failed(self, rank, reason);
+                Err(self.fail(id, e))
+            }
+            Err(BarrierError::Timeout { missing }) => {
+                let missing: Vec<usize> = missing
+                    .iter()
+                    .map(|&l| self.table.global_rank(self.node, l))
+                    .collect();
+                let e = CollectiveError::Timeout {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    timeout: self.timeout,
+                    waiting_for: format!(
+                        "ranks {missing:?} of this node to reach the same collective"
+                    ),
+                };
+                Err(self.fail(id, e))
+            }
+        }
+    }
+
+    /// This rank's communication thread panicked in a collective: fail the node with the
+    /// message (other local ranks' barriers, other nodes through the connections' close) and
+    /// refuse every later collective of this rank.
+    pub(super) fn panicked(&mut self, message: &str) -> Error {
+        let why = format!(
+            "local rank {} panicked in its communication thread: {message}",
+            self.local
+        );
+        tracing::error!(rank = self.rank, "{why}");
+        self.shared
+            .abort(self.local, format!("rank {}: {why}", self.rank));
+        (self.on_fail)(format!("rank {} failed: {why}", self.rank));
+        self.failed = Some(why.clone());
+        CollectiveError::WorkerGone {
+            rank: self.rank,
+            why,
+        }
+        .into()
+    }
+
+    pub(super) fn check_healthy(&self, id: OpId) -> Result<(), Error> {
+        match &self.failed {
+            Some(why) => Err(CollectiveError::PeerFailed {
+                op: id.kind.name(),
+                seq: id.seq,
+                rank: self.rank,
+                peer: self.rank,
+                reason: format!("an earlier collective failed: {why}"),
+            }
+            .into()),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs a future on the lane with the collective's deadline, mapping failures.
+    ///
+    /// The lane's work runs as a task on the node's network runtime, beside quinn's connection
+    /// drivers, rather than on this thread: a packet that completes a frame then wakes the lane
+    /// task on the runtime's own worker (no futex wake of another thread and no context switch
+    /// per stream read or write). This thread waits for the task and takes the lane back.
+    pub(super) fn on_lane(
+        &mut self,
+        id: OpId,
+        bytes: usize,
+        deadline: Instant,
+        task: LaneTask<'_>,
+    ) -> Result<(), Error> {
+        let mut lane = self.lane.take().expect("lane owner");
+        let progress = lane.progress.clone();
+        let t_lane = Instant::now();
+        let sent_before = lane.sent.load(std::sync::atomic::Ordering::Relaxed);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let owned = OwnedLaneTask::from(task);
+        let (code, seq) = (id.kind.code(), id.seq);
+        // SAFETY (the buffer behind `RawBuf`): this thread blocks until the task has finished,
+        // so the caller's buffer outlives every access the task makes.
+        let handle = self.rt.spawn(async move {
+            let res = match owned {
+                OwnedLaneTask::Ring { job, pieces, steps } => {
+                    let job = RingJob {
+                        pieces: &pieces,
+                        steps: &steps,
+                        ..job
+                    };
+                    tokio::time::timeout(left, lane.ring(job)).await
+                }
+                OwnedLaneTask::Chain {
+                    buf,
+                    pieces,
+                    from,
+                    to,
+                } => {
+                    tokio::time::timeout(left, lane.chain(buf, &pieces, from, to, code, seq)).await
+                }
+            };
+            (lane, res)
+        });
+        let res = match self.rt.block_on(handle) {
+            Ok((lane, res)) => {
+                self.lane = Some(lane);
+                res
+            }
+            Err(e) => {
+                // The lane (its streams) went down with the task: this group cannot talk to
+                // other nodes any more, and `fail` keeps every later call from trying.
+                let err = CollectiveError::Failed {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    waiting_for: "the lane task".into(),
+                    source: Box::new(TransportError::Lost {
+                        peer: "every other node".into(),
+                        reason: format!("the lane task ended abnormally: {e}"),
+                    }),
+                };
+                return Err(self.fail(id, err));
+            }
+        };
+        let (step, chunk, from) = progress.waiting();
+        let lane = self.lane.as_ref().expect("lane owner");
+        // Time and bytes on the inter-node link, for the trace's per-link bandwidth.
+        let sent = lane.sent.load(std::sync::atomic::Ordering::Relaxed) - sent_before;
+        let (ms, b) = self.inter.unwrap_or((0.0, 0));
+        self.inter = Some((ms + t_lane.elapsed().as_secs_f64() * 1e3, b + sent));
+        let waiting_for = format!(
+            "waiting for step {step} frame {chunk} from {}",
+            lane.describe(from)
+        );
+        match res {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                let err = CollectiveError::Failed {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    waiting_for,
+                    source: Box::new(e.error),
+                };
+                Err(self.fail(id, err))
+            }
+            Err(_) => {
+                let err = CollectiveError::Timeout {
+                    op: id.kind.name(),
+                    seq: id.seq,
+                    bytes,
+                    rank: self.rank,
+                    timeout: self.timeout,
+                    waiting_for,
+                };
+                Err(self.fail(id, err))
+            }
+        }
+    }
+
+    /// The hierarchical collective on a full-length buffer (see the module docs).
+    pub(super) fn collective(
+        &mut self,
+        id: OpId,
+        buf: &mut [f32],
+        len: usize,
+        arg: usize,
+        reduce: ReduceOp,
+    ) -> Result<(), Error> {
+        self.check_healthy(id)?;
+        let span = tracing::debug_span!("collective", op = %id, rank = self.rank, len);
+        let _g = span.enter();
+        let deadline = Instant::now() + self.timeout;
+        let bytes = len * 4;
+        let table = self.table.clone();
+        let (n, j) = (self.node, self.local);
+        let nn = table.num_nodes();
+        let lay = Layout::new(&table, len);
+        let lanes = lay.lanes();
+        let my_lane = (j < lanes).then_some(j);
+        let k = table.ranks_on(n);
+        let call = Call {
+            seq: id.seq,
+            op: id.kind.code(),
+            len,
+            arg,
+        };
+        // One pointer for everything that touches the buffer from here on (the slot other
+        // ranks use and our own lane), derived once.
+        let ptr = buf.as_mut_ptr();
+        self.shared.publish_raw(j, ptr, buf.len(), call);
+        // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
+        let raw = unsafe { RawBuf::from_raw(ptr, buf.len()) };
+        self.barrier(id, bytes, deadline)?;
+        // Test hook: a panic between barriers, with the other local ranks using the buffer.
+        #[cfg(test)]
+        if self.panic_at == Some((self.rank, id.seq)) {
+            panic!(
+                "injected panic in collective seq {} of rank {}",
+                id.seq, self.rank
+            );
+        }
+        let peers = self
+            .shared
+            .peers(j)
+            .map_err(|detail| CollectiveError::Mismatch {
+                seq: id.seq,
+                detail,
+            });
+        let peers = match peers {
+            Ok(p) => p,
+            Err(e) => return Err(self.fail(id, e)),
+        };
+        let next = (n + 1) % nn;
+        let prev = (n + nn - 1) % nn;
+        let world = table.world() as f32;
+        if nn == 1 {
+            self.single_node(id, &peers, &lay, arg, reduce);
+            return self.barrier(id, bytes, deadline);
+        }
+        match id.kind {
+            OpKind::AllReduce
+            | OpKind::ReduceScatter
+            | OpKind::Barrier
+            | OpKind::HybridReduce
+            | OpKind::NodeReduce
+            | OpKind::NodeReduceScatter => {
+                let node_only = matches!(id.kind, OpKind::NodeReduce | OpKind::NodeReduceScatter);
+                if let Some(l) = my_lane {
+                    let pieces = lay.lane_pieces(l);
+                    if k > 1 {
+                        for r in &pieces {
+                            // SAFETY: lane l's pieces are written only by local rank l (me)
+                            // in this phase, and read only by me.
+                            unsafe { sum_into(&peers, j, k, r.clone(), 1.0, false) };
+                        }
+                    }
+                    if nn > 1 && !node_only {
+                        let steps = if id.kind == OpKind::ReduceScatter {
+                            ring::reduce_scatter(n, nn)
+                        } else {
+                            ring::all_reduce(n, nn)
+                        };
+                        let job = RingJob {
+                            buf: raw,
+                            pieces: &pieces,
+                            steps: &steps,
+                            next,
+                            prev,
+                            op: id.kind.code(),
+                            seq: id.seq,
+                            step_base: 0,
+                            dtype: self.wire,
+                            // The all-gather half starts with this node's finished piece.
+                            round_step: (id.kind != OpKind::ReduceScatter).then_some(nn - 1),
+                        };
+                        self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
+                    }
+                    if reduce == ReduceOp::Mean {
+                        let owned = if id.kind == OpKind::ReduceScatter {
+                            vec![lay.piece(n, l)]
+                        } else {
+                            pieces.clone()
+                        };
+                        let by = if node_only { k as f32 } else { world };
+                        for r in owned {
+                            let dst = unsafe { peers.write(j, r) };
+                            dst.iter_mut().for_each(|x| *x /= by);
+                        }
+                    }
+                }
+                self.barrier(id, bytes, deadline)?;
+                if matches!(id.kind, OpKind::HybridReduce | OpKind::NodeReduceScatter) {
+                    // Each rank keeps its lane's pieces; nothing to gather.
+                } else if id.kind == OpKind::ReduceScatter {
+                    let mine = lay.chunk(self.rank);
+                    for l in (0..lanes).filter(|&l| l != j) {
+                        let r = intersect(&mine, &lay.piece(n, l));
+                        copy_from(&peers, l, j, r);
+                    }
+                } else {
+                    for l in (0..lanes).filter(|&l| l != j) {
+                        for r in lay.lane_pieces(l) {
+                            copy_from(&peers, l, j, r);
+                        }
+                    }
+                }
+            }
+            OpKind::AllGather => {
+                if let Some(l) = my_lane {
+                    let first = table.first_rank(n);
+                    let piece = lay.piece(n, l);
+                    for i in (0..k).filter(|&i| i != j) {
+                        let r = intersect(&lay.chunk(first + i), &piece);
+                        copy_from(&peers, i, j, r);
+                    }
+                    if nn > 1 {
+                        let pieces = lay.lane_pieces(l);
+                        let steps = ring::all_gather(n, nn);
+                        let job = RingJob {
+                            buf: raw,
+                            pieces: &pieces,
+                            steps: &steps,
+                            next,
+                            prev,
+                            op: id.kind.code(),
+                            seq: id.seq,
+                            step_base: 0,
+                            dtype: self.wire,
+                            round_step: Some(0),
+                        };
+                        self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
+                    }
+                }
+                self.barrier(id, bytes, deadline)?;
+                for l in (0..lanes).filter(|&l| l != j) {
+                    for r in lay.lane_pieces(l) {
+                        copy_from(&peers, l, j, r);
+                    }
+                }
+            }
+            OpKind::Broadcast => {
+                let (rn, rl) = table.locate(arg);
+                if let Some(l) = my_lane {
+                    let pieces = lay.lane_pieces(l);
+                    if n == rn && j != rl {
+                        for r in &pieces {
+                            copy_from(&peers, rl, j, r.clone());
+                        }
+                    }
+                    if nn > 1 {
+                        let (recv, send) = ring::chain_role(n, rn, nn);
+                        let from = recv.then_some(prev);
+                        let to = send.then_some(next);
+                        let task = LaneTask::Chain {
+                            buf: raw,
+                            pieces: &pieces,
+                            from,
+                            to,
+                        };
+                        self.on_lane(id, bytes, deadline, task)?;
+                    }
+                }
+                self.barrier(id, bytes, deadline)?;
+                for l in (0..lanes).filter(|&l| l != j) {
+                    for r in lay.lane_pieces(l) {
+                        copy_from(&peers, l, j, r);
+                    }
+                }
+            }
+            OpKind::NodeGather => {
+                for l in (0..lanes).filter(|&l| l != j) {
+                    for r in lay.lane_pieces(l) {
+                        copy_from(&peers, l, j, r);
+                    }
+                }
+            }
+            OpKind::P2p => unreachable!("p2p has its own path"),
+        }
+        self.barrier(id, bytes, deadline)
+    }
+
+    /// One node: everything happens in shared memory between the entry and exit barriers.
+    /// Rank j owns chunk j of every buffer; reductions read all k inputs once per block and
+    /// (for all-reduce) write the result straight into every buffer.
+    pub(super) fn single_node(
+        &self,
+        id: OpId,
+        peers: &Peers,
+        lay: &Layout,
+        arg: usize,
+        reduce: ReduceOp,
+    ) {
+        let (j, k) = (self.local, self.table.ranks_on(0));
+        let mine = lay.chunk(j);
+        let divisor = match reduce {
+            ReduceOp::Sum => 1.0,
+            ReduceOp::Mean => k as f32,
+        };
+        match id.kind {
+            // SAFETY: chunk j of every buffer belongs to rank j in this phase.
+            OpKind::AllReduce | OpKind::Barrier | OpKind::NodeReduce => unsafe {
+                sum_into(peers, j, k, mine, divisor, true)
+            },
+            // With one node, node pieces are the ranks' chunks.
+            OpKind::ReduceScatter | OpKind::HybridReduce | OpKind::NodeReduceScatter => unsafe {
+                sum_into(peers, j, k, mine, divisor, false)
+            },
+            OpKind::AllGather | OpKind::NodeGather => {
+                for i in (0..k).filter(|&i| i != j) {
+                    copy_from(peers, i, j, lay.chunk(i));
+                }
+            }
+            OpKind::Broadcast => copy_from(peers, arg, j, 0..lay.len()),
+            OpKind::P2p => {}
+        }
+    }
+
+    pub(super) fn p2p(&mut self, id: OpId, buf: &mut [f32]) -> Result<(), Error> {
+        self.check_healthy(id)?;
+        let nn = self.table.num_nodes();
+        if self.lane.is_none() || nn < 2 {
+            return Ok(());
+        }
+        let half = buf.len() / 2;
+        let pieces = [0..half, half..2 * half];
+        let steps = [ring::RingStep {
+            send: 0,
+            recv: 1,
+            mode: ring::RecvMode::Copy,
+        }];
+        let raw = RawBuf::new(buf);
+        let n = self.node;
+        let job = RingJob {
+            buf: raw,
+            pieces: &pieces,
+            steps: &steps,
+            next: (n + 1) % nn,
+            prev: (n + nn - 1) % nn,
+            op: id.kind.code(),
+            seq: id.seq,
+            step_base: 0,
+            dtype: WireDtype::F32,
+            round_step: None,
+        };
+        let deadline = Instant::now() + self.timeout;
+        self.on_lane(id, half * 4, deadline, LaneTask::Ring(job))
+    }
+}
+
+/// Elements per block of the fused intra-node loops: small enough to stay in L1/L2 between
+/// the reads of the k inputs and the writes.
+pub(super) const BLOCK: usize = 8 << 10;
+
+/// `me[r] = sum_i buf_i[r] / divisor`, block by block in one pass over each input; with
+/// `spread`, the result is also written to every other local buffer (a fused all-gather).
+///
+/// # Safety
+/// `r` must be owned by `me` in this phase: no other rank reads or writes `r` of any buffer.
+pub(super) unsafe fn sum_into(
+    peers: &Peers,
+    me: usize,
+    k: usize,
+    r: std::ops::Range<usize>,
+    divisor: f32,
+    spread: bool,
+) {
+    let mut at = r.start;
+    while at < r.end {
+        let b = at..(at + BLOCK).min(r.end);
+        // SAFETY: per the function contract.
+        let dst = unsafe { peers.write(me, b.clone()) };
+        for i in (0..k).filter(|&i| i != me) {
+            let src = unsafe { peers.read(i, b.clone()) };
+            dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
+        }
+        if divisor != 1.0 {
+            dst.iter_mut().for_each(|x| *x /= divisor);
+        }
+        if spread {
+            for i in (0..k).filter(|&i| i != me) {
+                unsafe { peers.write(i, b.clone()) }.copy_from_slice(dst);
+            }
+        }
+        at = b.end;
+    }
+}
+
+/// Copies elements `r` of local rank `from`'s buffer into local rank `to`'s (`to` is the
+/// calling rank; `from` does not write `r` in this phase).
+pub(super) fn copy_from(peers: &Peers, from: usize, to: usize, r: std::ops::Range<usize>) {
+    if r.is_empty() || from == to {
+        return;
+    }
+    // SAFETY: per the phase rules, `from` only reads/writes its own lane ranges, which
+    // `r` belongs to and which are final; `to` (me) is the only writer of my copy of `r`.
+    let src = unsafe { peers.read(from, r.clone()) };
+    let dst = unsafe { peers.write(to, r) };
+    dst.copy_from_slice(src);
+}
