@@ -482,6 +482,7 @@ impl Drop for ProcessGroup {
     }
 }
 
+mod bytes;
 mod executor;
 mod node;
 

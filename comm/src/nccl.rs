@@ -8,7 +8,7 @@
 //!
 //! The NCCL unique id travels through wiretrain's own rendezvous: rank 0 creates it and
 //! broadcasts its 128 bytes over the job's process group (QUIC between nodes, shared memory
-//! inside one), each byte carried exactly as an f32. Every rank then joins the NCCL
+//! inside one) with the bytes collective. Every rank then joins the NCCL
 //! communicator with its global rank, on its own CUDA device.
 
 use crate::group::{ProcessGroup, ReduceOp};
@@ -322,19 +322,17 @@ impl NcclGroup {
 }
 
 /// Rank 0 makes the NCCL unique id and broadcasts its 128 bytes over `pg` (a collective: every
-/// rank calls it); each byte travels exactly as an f32.
+/// rank calls it), through [`ProcessGroup::broadcast_bytes`].
 pub fn share_id(pg: &mut ProcessGroup) -> Result<[std::ffi::c_char; 128], NcclError> {
-    let mut bytes = vec![0.0f32; 128];
-    if pg.rank() == 0 {
-        let id = Id::new()?;
-        for (b, c) in bytes.iter_mut().zip(id.internal()) {
-            *b = f32::from(*c as u8);
-        }
-    }
-    let got = pg.broadcast(bytes, 0).wait()?;
+    let id = if pg.rank() == 0 {
+        Id::new()?.internal().map(|c| c as u8)
+    } else {
+        [0u8; 128]
+    };
+    let got = pg.broadcast_bytes(&id, 0)?;
     let mut raw = [0 as std::ffi::c_char; 128];
     for (r, b) in raw.iter_mut().zip(&got) {
-        *r = *b as u8 as std::ffi::c_char;
+        *r = *b as std::ffi::c_char;
     }
     Ok(raw)
 }

@@ -669,21 +669,6 @@ fn check_file(f: &FileEntry, state_tensors: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// Sends 64-bit values through f32 collectives as four exact 16-bit pieces.
-pub fn u64_to_f32s(v: u64) -> [f32; 4] {
-    [
-        (v >> 48) as u16 as f32,
-        (v >> 32) as u16 as f32,
-        (v >> 16) as u16 as f32,
-        v as u16 as f32,
-    ]
-}
-
-/// The inverse of [`u64_to_f32s`].
-pub fn f32s_to_u64(c: &[f32]) -> u64 {
-    c.iter().take(4).fold(0u64, |a, &x| (a << 16) | x as u64)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -916,12 +901,5 @@ mod tests {
         assert!(aside.join(step_dir_name(4)).exists());
         assert!(Checkpoint::latest(&d.join("none")).unwrap().is_none());
         let _ = std::fs::remove_dir_all(&d);
-    }
-
-    #[test]
-    fn u64_round_trips_through_f32() {
-        for v in [0, 1, 65535, 1 << 40, u64::MAX, 0x0123_4567_89ab_cdef] {
-            assert_eq!(f32s_to_u64(&u64_to_f32s(v)), v);
-        }
     }
 }

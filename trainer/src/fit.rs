@@ -491,36 +491,31 @@ fn slowdown_hook(rank: usize) -> Option<f64> {
 }
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps, peak live heap
-/// bytes of its process during the steps (0: not counted)] bytes, in rank order (each sent as
-/// three exact 16-bit pieces in f32).
+/// bytes of its process during the steps (0: not counted)] bytes, in rank order.
 fn gather_memory(
     pg: &mut wiretrain_comm::ProcessGroup,
     mine: [u64; 5],
 ) -> Result<Vec<serde_json::Value>, wiretrain_comm::Error> {
-    let world = pg.world();
-    let enc: Vec<f32> = mine
+    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let all = pg.all_gather_bytes(&bytes)?;
+    Ok(all
         .iter()
-        .flat_map(|v| {
-            [
-                (v >> 32 & 0xffff) as f32,
-                (v >> 16 & 0xffff) as f32,
-                (v & 0xffff) as f32,
-            ]
+        .enumerate()
+        .map(|(r, b)| {
+            let v: Vec<u64> = b
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            let at = |i: usize| v.get(i).copied().unwrap_or(0);
+            serde_json::json!({
+                "rank": r,
+                "params_bytes": at(0),
+                "grads_bytes": at(1),
+                "optim_bytes": at(2),
+                "model_state_bytes": at(0) + at(1) + at(2),
+                "peak_rss_bytes": at(3),
+                "peak_heap_bytes": Some(at(4)).filter(|&h| h > 0),
+            })
         })
-        .collect();
-    let dec = |c: &[f32]| ((c[0] as u64) << 32) | ((c[1] as u64) << 16) | c[2] as u64;
-    let mut out = Vec::with_capacity(world);
-    for r in 0..world {
-        let v = pg.broadcast(enc.clone(), r).wait()?;
-        out.push(serde_json::json!({
-            "rank": r,
-            "params_bytes": dec(&v[0..3]),
-            "grads_bytes": dec(&v[3..6]),
-            "optim_bytes": dec(&v[6..9]),
-            "model_state_bytes": dec(&v[0..3]) + dec(&v[3..6]) + dec(&v[6..9]),
-            "peak_rss_bytes": dec(&v[9..12]),
-            "peak_heap_bytes": Some(dec(&v[12..15])).filter(|&h| h > 0),
-        }));
-    }
-    Ok(out)
+        .collect())
 }

@@ -142,7 +142,6 @@ pub fn span(name: impl Into<String>, cat: &'static str) -> Span {
 /// was read before rank 0 saw the gather complete (T1). Returns (offset, ± accuracy, base),
 /// the base being T0 on node 0's clock. Every rank must call it.
 pub fn estimate_offset(pg: &mut ProcessGroup) -> Result<(f64, f64, f64), wiretrain_comm::Error> {
-    use crate::checkpoint::{f32s_to_u64, u64_to_f32s};
     let world = pg.world();
     pg.barrier()?;
     let t0 = pg
@@ -164,6 +163,22 @@ pub fn estimate_offset(pg: &mut ProcessGroup) -> Result<(f64, f64, f64), wiretra
     // offset ∈ [T0 − t_recv, T1 − t_send] (1 µs of rounding either side).
     let (lo, hi) = (big_t0 - t_recv - 1.0, big_t1 - t_send + 1.0);
     Ok(((lo + hi) / 2.0, (hi - lo).abs() / 2.0, big_t0))
+}
+
+/// A wall-clock time through f32 broadcasts as four exact 16-bit pieces (one collective each
+/// way, which is what the estimate times; the bytes collective would take two).
+fn u64_to_f32s(v: u64) -> [f32; 4] {
+    [
+        (v >> 48) as u16 as f32,
+        (v >> 32) as u16 as f32,
+        (v >> 16) as u16 as f32,
+        v as u16 as f32,
+    ]
+}
+
+/// The inverse of [`u64_to_f32s`].
+fn f32s_to_u64(c: &[f32]) -> u64 {
+    c.iter().take(4).fold(0u64, |a, &x| (a << 16) | x as u64)
 }
 
 /// Starts recording on this thread (one rank), with the clock correction of
@@ -291,4 +306,14 @@ pub fn finish(dir: &Path, world: usize) -> std::io::Result<Option<std::path::Pat
     )?;
     std::fs::rename(&tmp, &path)?;
     Ok(Some(path))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn u64_round_trips_through_f32() {
+        for v in [0, 1, 65535, 1 << 40, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(super::f32s_to_u64(&super::u64_to_f32s(v)), v);
+        }
+    }
 }

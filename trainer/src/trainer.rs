@@ -763,24 +763,19 @@ pub(crate) fn weigh(v: &mut [f32], w: f32) {
 fn check_agreement(pg: &mut ProcessGroup, layout: &FlatLayout) -> Result<(), TrainError> {
     let sig = layout.signature();
     let n = sig.len();
-    let counts = pg
-        .all_gather(vec![n as f32; pg.shard_range(pg.world()).len()], pg.world())
-        .wait()?;
-    if let Some((r, c)) = counts.iter().enumerate().find(|(_, c)| **c as usize != n) {
+    let counts = pg.all_gather_bytes(&(n as u64).to_le_bytes())?;
+    let count = |b: &[u8]| b.try_into().map(u64::from_le_bytes).unwrap_or(u64::MAX) as usize;
+    if let Some((r, c)) = counts.iter().enumerate().find(|(_, c)| count(c) != n) {
         return Err(TrainError::ModelMismatch(format!(
             "rank {} has {} float parameters, rank {r} has {}",
             pg.rank(),
             n,
-            *c as usize
+            count(c)
         )));
     }
-    // 16-bit halves are exact in f32.
-    let mine: Vec<f32> = sig
-        .iter()
-        .flat_map(|h| [(h >> 16) as f32, (h & 0xffff) as f32])
-        .collect();
-    let root = pg.broadcast(mine.clone(), 0).wait()?;
-    if let Some(i) = (0..n).find(|&i| root[2 * i..2 * i + 2] != mine[2 * i..2 * i + 2]) {
+    let mine: Vec<u8> = sig.iter().flat_map(|h| h.to_le_bytes()).collect();
+    let root = pg.broadcast_bytes(&mine, 0)?;
+    if let Some(i) = (0..n).find(|&i| root.get(4 * i..4 * i + 4) != mine.get(4 * i..4 * i + 4)) {
         let e = &layout.entries()[i];
         return Err(TrainError::ModelMismatch(format!(
             "parameter #{i} differs between rank 0 and rank {}: here it is {:?} with shape {:?}",

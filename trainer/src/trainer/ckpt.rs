@@ -19,8 +19,8 @@ use super::{TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
     CheckpointError, DilocoManifest, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
-    OUTER_MOMENTUM, ShardData, ensure_unused, f32s_to_u64, move_aside, prune, step_dir_name,
-    u64_to_f32s, write_manifest, write_named, write_shard,
+    OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune, step_dir_name, write_manifest,
+    write_named, write_shard,
 };
 use crate::optim::ExportedState;
 use crate::strategy::Strategy;
@@ -31,8 +31,15 @@ use wiretrain_comm::ReduceOp;
 /// Checkpoints `resume_latest` tries, newest first, before it gives up.
 const MAX_FALLBACK: usize = 8;
 
-/// Values per rank in the first all-gather: status, bytes (4), sha256 (16), range count (4).
-const HEAD: usize = 25;
+/// What a rank reports after its part of a checkpoint save.
+#[derive(serde::Serialize, serde::Deserialize)]
+enum Wrote {
+    /// It writes nothing in this strategy.
+    Nothing,
+    /// Its write failed (it reports the error itself).
+    Failed,
+    File(FileEntry),
+}
 
 impl<M: Module> Trainer<M> {
     /// Whether this rank writes its owned elements (so that each element is written once).
@@ -203,23 +210,25 @@ impl<M: Module> Trainer<M> {
         if let Some(ms) = crate::hooks::stall_checkpoint_ms(step, rank) {
             std::thread::sleep(std::time::Duration::from_millis(ms));
         }
-        let mut head = vec![0.0f32; HEAD];
-        match &mine {
-            None => {}
-            Some(Err(_)) => head[0] = 2.0,
-            Some(Ok(f)) => {
-                head[0] = 1.0;
-                head[1..5].copy_from_slice(&u64_to_f32s(f.bytes));
-                for (i, pair) in f.sha256.as_bytes().chunks(4).enumerate() {
-                    let v = u16::from_str_radix(std::str::from_utf8(pair).unwrap_or("0"), 16)
-                        .unwrap_or(0);
-                    head[5 + i] = f32::from(v);
-                }
-                head[21..25].copy_from_slice(&u64_to_f32s(f.ranges.len() as u64));
-            }
-        }
-        let heads = self.pg.all_gather(head, HEAD * world).wait()?;
-        let failed: Vec<usize> = (0..world).filter(|r| heads[r * HEAD] == 2.0).collect();
+        // Every rank's outcome, as a record, to every rank (rank 0 writes the manifest).
+        let report = match &mine {
+            None => Wrote::Nothing,
+            Some(Err(_)) => Wrote::Failed,
+            Some(Ok(f)) => Wrote::File(f.clone()),
+        };
+        let report = serde_json::to_vec(&report).expect("a report serializes");
+        let reports = self
+            .pg
+            .all_gather_bytes(&report)?
+            .iter()
+            .map(|b| serde_json::from_slice::<Wrote>(b))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| {
+                TrainError::OtherRank(format!("a rank's checkpoint report is not readable: {e}"))
+            })?;
+        let failed: Vec<usize> = (0..world)
+            .filter(|&r| matches!(reports[r], Wrote::Failed))
+            .collect();
         if let Some(Err(e)) = mine {
             return Err(e.into());
         }
@@ -229,43 +238,12 @@ impl<M: Module> Trainer<M> {
                  shard (older checkpoints are untouched)"
             )));
         }
-        // Every file's ranges, padded to the longest list.
-        let max_ranges = (0..world)
-            .map(|r| f32s_to_u64(&heads[r * HEAD + 21..r * HEAD + 25]) as usize)
-            .max()
-            .unwrap_or(0);
-        let mut rbuf = vec![0.0f32; 8 * max_ranges];
-        if let Some(Ok(f)) = &mine {
-            for (i, r) in f.ranges.iter().enumerate() {
-                rbuf[8 * i..8 * i + 4].copy_from_slice(&u64_to_f32s(r[0] as u64));
-                rbuf[8 * i + 4..8 * i + 8].copy_from_slice(&u64_to_f32s(r[1] as u64));
-            }
-        }
-        let all_ranges = if max_ranges > 0 {
-            self.pg.all_gather(rbuf, 8 * max_ranges * world).wait()?
-        } else {
-            Vec::new()
-        };
         let mut status = 0.0f32;
         if rank == 0 {
             let mut files = Vec::new();
             let mut node_files = Vec::new();
-            for r in 0..world {
-                let h = &heads[r * HEAD..(r + 1) * HEAD];
-                if h[0] != 1.0 {
-                    continue;
-                }
-                let n = f32s_to_u64(&h[21..25]) as usize;
-                let base = r * 8 * max_ranges;
-                let ranges = (0..n)
-                    .map(|i| {
-                        let at = base + 8 * i;
-                        [
-                            f32s_to_u64(&all_ranges[at..at + 4]) as usize,
-                            f32s_to_u64(&all_ranges[at + 4..at + 8]) as usize,
-                        ]
-                    })
-                    .collect();
+            for (r, w) in reports.into_iter().enumerate() {
+                let Wrote::File(f) = w else { continue };
                 let node = self.pg.table().locate(r).0;
                 let to = if self.outer.is_some() && node > 0 {
                     if node_files.len() < node {
@@ -275,16 +253,7 @@ impl<M: Module> Trainer<M> {
                 } else {
                     &mut files
                 };
-                to.push(FileEntry {
-                    name: crate::checkpoint::shard_file_name(r),
-                    rank: r,
-                    ranges,
-                    bytes: f32s_to_u64(&h[1..5]),
-                    sha256: h[5..21]
-                        .iter()
-                        .map(|v| format!("{:04x}", *v as u16))
-                        .collect(),
-                });
+                to.push(FileEntry { rank: r, ..f });
             }
             let table = self.pg.table();
             let manifest = Manifest {
@@ -364,42 +333,42 @@ impl<M: Module> Trainer<M> {
     /// checkpoint that does not fit this run (another model, optimizer) is an error, never
     /// skipped. `None` when there is no checkpoint. A collective.
     pub fn resume_latest(&mut self, root: &Path) -> Result<Option<Manifest>, TrainError> {
-        let mut head = vec![0.0f32; 2 + 4 * MAX_FALLBACK];
+        // Rank 0 lists the checkpoints; every rank gets its answer: the newest steps, or
+        // that it could not read the directory.
         let mut mine = None;
+        let mut listed: Result<Vec<u64>, ()> = Ok(Vec::new());
         if self.pg.rank() == 0 {
             match crate::checkpoint::list_valid(root) {
                 Ok(valid) => {
-                    let newest: Vec<usize> = valid
+                    listed = Ok(valid
                         .iter()
                         .rev()
                         .take(MAX_FALLBACK)
-                        .map(|(s, _)| *s)
-                        .collect();
-                    head[1] = newest.len() as f32;
-                    for (i, s) in newest.iter().enumerate() {
-                        head[2 + 4 * i..6 + 4 * i].copy_from_slice(&u64_to_f32s(*s as u64));
-                    }
+                        .map(|(s, _)| *s as u64)
+                        .collect());
                 }
                 Err(e) => {
-                    head[0] = 1.0;
+                    listed = Err(());
                     mine = Some(e);
                 }
             }
         }
-        let head = self.pg.broadcast(head, 0).wait()?;
+        let bytes = serde_json::to_vec(&listed).expect("a list serializes");
+        let got = self.pg.broadcast_bytes(&bytes, 0)?;
         if let Some(e) = mine {
             return Err(e.into());
         }
-        if head[0] != 0.0 {
-            return Err(TrainError::OtherRank(format!(
-                "rank 0 could not read the checkpoints in {}",
-                root.display()
-            )));
-        }
-        let steps: Vec<usize> = (0..head[1] as usize)
-            .map(|i| f32s_to_u64(&head[2 + 4 * i..6 + 4 * i]) as usize)
-            .collect();
+        let steps: Vec<usize> = match serde_json::from_slice::<Result<Vec<u64>, ()>>(&got) {
+            Ok(Ok(steps)) => steps.into_iter().map(|s| s as usize).collect(),
+            _ => {
+                return Err(TrainError::OtherRank(format!(
+                    "rank 0 could not read the checkpoints in {}",
+                    root.display()
+                )));
+            }
+        };
         let mut first_err = None;
+        let none_listed = steps.is_empty();
         for step in steps {
             let dir = root.join(step_dir_name(step));
             let res = Checkpoint::open(&dir)
@@ -454,7 +423,7 @@ impl<M: Module> Trainer<M> {
         }
         match first_err {
             Some(e) => Err(e),
-            None if head[1] == 0.0 => Ok(None),
+            None if none_listed => Ok(None),
             None => Err(TrainError::OtherRank(format!(
                 "no checkpoint in {} could be loaded by every rank (their errors are above)",
                 root.display()
