@@ -74,12 +74,32 @@ fn main() {
             std::process::exit(f.code);
         }
         eprintln!("wiretrain: error: {}", render(&e));
-        let usage = e.chain().any(|c| {
-            let s = c.to_string();
-            s.starts_with("--") || s.contains("configuration")
-        });
-        std::process::exit(if usage { 2 } else { 1 });
+        std::process::exit(if is_usage(&e) { 2 } else { 1 });
     }
+}
+
+/// Whether the command line is at fault (exit 2): a bad flag, configuration or combination,
+/// told by the error's type anywhere in its chain.
+fn is_usage(e: &anyhow::Error) -> bool {
+    use wiretrain::TrainError;
+    use wiretrain::checkpoint::CheckpointError;
+    let in_use = |c: &CheckpointError| matches!(c, CheckpointError::InUse { .. });
+    e.chain().any(|c| {
+        c.is::<cli::Usage>()
+            || c.is::<wiretrain::job::JobError>()
+            || c.is::<wiretrain_comm::ConfigError>()
+            || c.is::<wiretrain::device::DeviceError>()
+            || c.downcast_ref::<CheckpointError>().is_some_and(in_use)
+            || matches!(
+                c.downcast_ref::<wiretrain::RunError>(),
+                Some(wiretrain::RunError::Job(_) | wiretrain::RunError::Device(_))
+            )
+            || match c.downcast_ref::<TrainError>() {
+                Some(TrainError::Config(_)) => true,
+                Some(TrainError::Checkpoint(ck)) => in_use(ck),
+                _ => false,
+            }
+    })
 }
 
 /// An error and its causes on one line, each cause once: a cause whose text its parent's

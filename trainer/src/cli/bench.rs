@@ -6,7 +6,8 @@
 
 use super::bench_compute::{self, ComputeArgs};
 use super::node::NodeArgs;
-use anyhow::{Context, Result, bail};
+use crate::cli::usage;
+use anyhow::{Context, Result};
 use clap::Args;
 use std::io::Write;
 use std::time::Duration;
@@ -67,15 +68,19 @@ pub fn parse_sizes(s: &str) -> Result<Vec<usize>> {
                 Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
                 _ => (t, 1),
             };
-            let n: usize = num
-                .parse()
-                .with_context(|| format!("--bytes: {t:?} is not a size like 4096, 1M or 64M"))?;
+            let n: usize = num.parse().map_err(|e| {
+                crate::cli::usage_error(format!(
+                    "--bytes: {t:?} is not a size like 4096, 1M or 64M: {e}"
+                ))
+            })?;
             let b = n
                 .checked_mul(mul)
                 .filter(|&b| b <= 8 << 30)
-                .with_context(|| format!("--bytes: {t} is above the 8 GiB limit"))?;
+                .ok_or_else(|| {
+                    crate::cli::usage_error(format!("--bytes: {t} is above the 8 GiB limit"))
+                })?;
             if !b.is_multiple_of(4) {
-                bail!("--bytes: {t} is not a multiple of 4 bytes (elements are f32)");
+                usage!("--bytes: {t} is not a multiple of 4 bytes (elements are f32)");
             }
             Ok(b)
         })
@@ -88,8 +93,8 @@ pub fn parse_ops(s: &str) -> Result<Vec<BenchOp>> {
     }
     s.split(',')
         .map(|o| {
-            BenchOp::parse(o.trim()).with_context(|| {
-                format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, memcpy, all)")
+            BenchOp::parse(o.trim()).ok_or_else(|| {
+                crate::cli::usage_error(format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, memcpy, all)"))
             })
         })
         .collect()
@@ -100,10 +105,10 @@ impl BenchArgs {
         let reduce = match self.reduce.as_str() {
             "sum" => ReduceOp::Sum,
             "mean" => ReduceOp::Mean,
-            other => bail!("--reduce: {other:?} is not sum or mean"),
+            other => usage!("--reduce: {other:?} is not sum or mean"),
         };
         if self.iters == 0 {
-            bail!("--iters must be at least 1");
+            usage!("--iters must be at least 1");
         }
         Ok(BenchSpec {
             ops: parse_ops(&self.op)?,
@@ -122,13 +127,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     let compute = args.op.split(',').any(|o| o.trim() == "compute");
     if compute {
         if args.op.trim() != "compute" {
-            bail!("--op compute runs alone (measure the collectives in a separate run)");
+            usage!("--op compute runs alone (measure the collectives in a separate run)");
         }
         if args.iters == 0 {
-            bail!("--iters must be at least 1");
+            usage!("--iters must be at least 1");
         }
         if args.backend != "quic" {
-            bail!("--op compute needs no --backend (it runs no collective)");
+            usage!("--op compute needs no --backend (it runs no collective)");
         }
         bench_compute::check(&args.compute)?;
     }
@@ -136,14 +141,14 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     match args.backend.as_str() {
         "quic" => {}
         "nccl" if cfg!(feature = "nccl") => {}
-        "nccl" => bail!(
+        "nccl" => usage!(
             "--backend nccl: this binary was built without NCCL (cargo build --features nccl)"
         ),
-        other => bail!("--backend: {other:?} is not quic or nccl"),
+        other => usage!("--backend: {other:?} is not quic or nccl"),
     }
     if let Some(nodes) = args.local {
         if nodes == 0 || nodes > 64 {
-            bail!("--local: {nodes} is outside 1..=64");
+            usage!("--local: {nodes} is outside 1..=64");
         }
         let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         let child = wiretrain::launch::strip_flag(&argv, "--local");
@@ -200,7 +205,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                         // Global rank modulo the devices: the local rank on a node of one rank
                         // per GPU, and distinct GPUs for `--local` nodes sharing one machine.
                         let count = wiretrain_comm::nccl::probe()
-                            .map_err(|e| anyhow::anyhow!("--backend nccl: {e}"))?;
+                            .map_err(|e| crate::cli::usage_error(format!("--backend nccl: {e}")))?;
                         if leader && pg.table().num_nodes() > 1 {
                             eprintln!(
                                 "wiretrain: warning: NCCL moves tensors between nodes over its own \
@@ -231,7 +236,7 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         .sum();
     node.shutdown().context("shutting down")?;
     if wrong > 0 {
-        bail!("{wrong} wrong elements");
+        anyhow::bail!("{wrong} wrong elements");
     }
     Ok(())
 }

@@ -7,7 +7,8 @@
 //! processes do. The row reports the slowest rank's medians and the rate by the planner's
 //! model: 6·Ψ FLOPs per token (6·Ψ·tokens / forward-backward time).
 
-use anyhow::{Context, Result, bail};
+use crate::cli::usage;
+use anyhow::{Context, Result};
 use clap::Args;
 use serde::Serialize;
 use std::sync::Arc;
@@ -70,22 +71,22 @@ impl ComputeArgs {
         let ex: Example = self
             .example
             .parse()
-            .map_err(|e| anyhow::anyhow!("--example: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
         if self.batch == 0 || self.batch > 4096 {
-            bail!("--batch: {} is outside 1..=4096", self.batch);
+            usage!("--batch: {} is outside 1..=4096", self.batch);
         }
         if self.d_model == 0 || !self.d_model.is_multiple_of(4) || self.d_model > 8192 {
-            bail!(
+            usage!(
                 "--d-model: {} must be a positive multiple of 4, at most 8192",
                 self.d_model
             );
         }
         if self.layers == 0 || self.layers > 64 {
-            bail!("--layers: {} is outside 1..=64", self.layers);
+            usage!("--layers: {} is outside 1..=64", self.layers);
         }
         self.device
             .parse::<DeviceSpec>()
-            .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
         Ok(ex)
     }
 }
@@ -105,7 +106,7 @@ pub fn run_rank(
 ) -> Result<Option<ComputeRow>> {
     let example = args.validate()?;
     let spec: DeviceSpec = args.device.parse().map_err(anyhow::Error::msg)?;
-    let rd = select(spec).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+    let rd = select(spec).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
     let device = rd.device.clone().autodiff();
     // A one-rank job of this rank's own: the trainer's all-reduces stay in this thread.
     let token = Token::generate();

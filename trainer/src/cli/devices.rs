@@ -85,9 +85,9 @@ pub fn run(args: &DevicesArgs) -> Result<()> {
     }
     if let Some(k) = args.ranks_per_node {
         let specs: Vec<DeviceSpec> = wiretrain::device::parse_specs(&args.device)
-            .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
         let plan = NodeDevices::plan(&specs, k, args.share_device)
-            .map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
         println!("# --device {} with {k} local ranks:", args.device);
         for (i, d) in plan.descriptions().iter().enumerate() {
             println!("local rank {i}: {d}");

@@ -5,7 +5,8 @@
 //! torchrun/Slurm environment: `srun wiretrain launch -- ./my-train`). Signals are passed on;
 //! the exit code is the failed node's.
 
-use anyhow::{Context, Result, bail};
+use crate::cli::usage;
+use anyhow::Result;
 use clap::Args;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -58,17 +59,17 @@ fn find_program(p: &Path) -> Result<PathBuf> {
                 .find(|c| c.is_file())
         })
     };
-    found.with_context(|| {
-        format!(
+    found.ok_or_else(|| {
+        crate::cli::usage_error(format!(
             "--: program {:?} not found (not a file, nor a name on PATH; launch runs `train`, `bench` or a program)",
             p.display()
-        )
+        ))
     })
 }
 
 pub fn run(args: &LaunchArgs) -> Result<()> {
     if args.ranks_per_node == 0 || args.ranks_per_node > 1024 {
-        bail!(
+        usage!(
             "--ranks-per-node: {} is outside 1..=1024",
             args.ranks_per_node
         );
@@ -88,7 +89,7 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
                 .iter()
                 .any(|a| a.to_string_lossy().split('=').next() == Some(flag))
             {
-                bail!("--: {flag} is set by launch; remove it from the node command");
+                usage!("--: {flag} is set by launch; remove it from the node command");
             }
         }
         Target {
@@ -107,10 +108,10 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
     let res = match args.local {
         Some(n) => {
             if n == 0 || n > 64 {
-                bail!("--local: {n} is outside 1..=64");
+                usage!("--local: {n} is outside 1..=64");
             }
             if args.master.is_some() {
-                bail!("--local starts every node here: it takes no --master/--nnodes/--node-rank");
+                usage!("--local starts every node here: it takes no --master/--nnodes/--node-rank");
             }
             run_local(n, &target, grace)
         }
@@ -118,9 +119,9 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
             let job = match (&args.master, args.nnodes, args.node_rank) {
                 (Some(m), Some(n), Some(r)) if r < n => Some((n, r, m.clone())),
                 (Some(_), Some(n), Some(r)) => {
-                    bail!("--node-rank {r} is not below --nnodes {n}")
+                    usage!("--node-rank {r} is not below --nnodes {n}")
                 }
-                (Some(_), _, _) => bail!("--master needs --nnodes and --node-rank"),
+                (Some(_), _, _) => usage!("--master needs --nnodes and --node-rank"),
                 (None, _, _) => None,
             };
             run_node(&target, job).and_then(|st| {

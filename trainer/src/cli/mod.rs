@@ -10,6 +10,25 @@ pub mod plan;
 pub mod report;
 pub mod train;
 
+/// A bad flag, configuration or combination of them: the command line is wrong, not the
+/// run (exit code 2).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Usage(pub String);
+
+/// A [`Usage`] error with this message.
+pub fn usage_error(msg: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Usage(msg.into()))
+}
+
+/// Returns early with a [`Usage`] error (as `anyhow::bail!` does with a plain one).
+macro_rules! usage {
+    ($($t:tt)*) => {
+        return Err($crate::cli::usage_error(format!($($t)*)))
+    };
+}
+pub(crate) use usage;
+
 /// A run stopped cleanly by a signal (exit code 130).
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

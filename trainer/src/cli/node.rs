@@ -2,7 +2,8 @@
 //! `WIRETRAIN_*` variables `wiretrain launch` sets, torchrun or Slurm environment), the job
 //! token, and transport tuning. Turned into the library's [`JobOptions`].
 
-use anyhow::{Result, bail};
+use crate::cli::usage;
+use anyhow::Result;
 use clap::Args;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -69,7 +70,7 @@ pub struct NodeArgs {
 
 fn secs(field: &str, v: f64) -> Result<Duration> {
     if !(v.is_finite() && v > 0.0 && v <= 86_400.0) {
-        bail!("--{field}: {v} is not a number of seconds in (0, 86400]");
+        usage!("--{field}: {v} is not a number of seconds in (0, 86400]");
     }
     Ok(Duration::from_secs_f64(v))
 }

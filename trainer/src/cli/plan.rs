@@ -2,7 +2,8 @@
 //! predicted step time and tokens/s, and a recommendation; `--table interconnects` prints the
 //! 70B-on-16-GPUs table for five wirings. The model is in `wiretrain::plan`.
 
-use anyhow::{Result, bail};
+use crate::cli::usage;
+use anyhow::Result;
 use clap::Args;
 use wiretrain::plan::{
     Link, PRESETS, PlanInput, PlanStrategy, Precision, Shape, WireDtype, reason,
@@ -95,15 +96,14 @@ pub struct PlanArgs {
 const UNSHAPED_MBIT: f64 = 10_000.0;
 
 fn lab(csv: &std::path::Path, png: &std::path::Path) -> Result<()> {
-    use anyhow::Context as _;
-    let text =
-        std::fs::read_to_string(csv).with_context(|| format!("--lab-csv {}", csv.display()))?;
+    let text = std::fs::read_to_string(csv)
+        .map_err(|e| crate::cli::usage_error(format!("--lab-csv {}: {e}", csv.display())))?;
     let mut lines = text.lines();
     let head: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let col = |name: &str| {
-        head.iter()
-            .position(|h| *h == name)
-            .ok_or_else(|| anyhow::anyhow!("--lab-csv {}: no column {name}", csv.display()))
+        head.iter().position(|h| *h == name).ok_or_else(|| {
+            crate::cli::usage_error(format!("--lab-csv {}: no column {name}", csv.display()))
+        })
     };
     let (c_rate, c_st, c_step, c_pred, c_ratio, c_sps) = (
         col("rate_mbit")?,
@@ -165,7 +165,7 @@ fn link(preset: &str, gbps: Option<f64>, latency_us: f64, which: &str) -> Result
     }
     match Link::preset(preset) {
         Some(l) => Ok(l),
-        None => bail!(
+        None => usage!(
             "--{which}: unknown preset {preset:?}; one of {}",
             PRESETS.iter().map(|p| p.0).collect::<Vec<_>>().join(", ")
         ),
@@ -182,21 +182,23 @@ impl PlanArgs {
                 vocab: self.vocab,
             }),
             (None, None, None) => None,
-            _ => bail!("--layers, --hidden and --heads go together"),
+            _ => usage!("--layers, --hidden and --heads go together"),
         };
         let params = match (self.params, shape) {
             (Some(p), _) => p,
             (None, Some(sh)) => sh.params(self.seq),
             (None, None) => {
-                bail!("--params N or a transformer shape (--layers --hidden --heads) is required")
+                usage!("--params N or a transformer shape (--layers --hidden --heads) is required")
             }
         };
         let precision: Precision = self
             .precision
             .parse()
-            .map_err(|e| anyhow::anyhow!("--precision: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--precision: {e}")))?;
         let wire: WireDtype = match &self.wire {
-            Some(w) => w.parse().map_err(|e| anyhow::anyhow!("--wire: {e}"))?,
+            Some(w) => w
+                .parse()
+                .map_err(|e| crate::cli::usage_error(format!("--wire: {e}")))?,
             None if precision == Precision::Mixed => WireDtype::Bf16,
             None => WireDtype::F32,
         };
@@ -223,9 +225,9 @@ impl PlanArgs {
             rank_order: self
                 .rank_order
                 .parse()
-                .map_err(|e| anyhow::anyhow!("--rank-order: {e}"))?,
+                .map_err(|e| crate::cli::usage_error(format!("--rank-order: {e}")))?,
         };
-        input.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        input.validate().map_err(crate::cli::usage_error)?;
         Ok(input)
     }
 }
@@ -244,7 +246,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
                 print!("{}", interconnects_table(args.json));
                 Ok(())
             }
-            o => bail!("--table: unknown table {o:?} (interconnects)"),
+            o => usage!("--table: unknown table {o:?} (interconnects)"),
         };
     }
     let input = args.input()?;

@@ -26,18 +26,18 @@ pub fn run(args: &ReportArgs) -> Result<()> {
     let traces = load(&args.dir)?;
     let mut r = analyse(&traces);
     if let Some(b) = &args.bench {
-        let text =
-            std::fs::read_to_string(b).with_context(|| format!("--bench {}", b.display()))?;
+        let text = std::fs::read_to_string(b)
+            .map_err(|e| crate::cli::usage_error(format!("--bench {}: {e}", b.display())))?;
         let rows: Vec<serde_json::Value> = text
             .lines()
             .filter(|l| l.trim_start().starts_with('{'))
             .map(serde_json::from_str)
             .collect::<Result<_, _>>()
-            .with_context(|| {
-                format!(
-                    "--bench {}: not `wiretrain bench --json` output",
+            .map_err(|e| {
+                crate::cli::usage_error(format!(
+                    "--bench {}: not `wiretrain bench --json` output: {e}",
                     b.display()
-                )
+                ))
             })?;
         wiretrain::report::add_bench(&mut r, &rows);
     }

@@ -2,7 +2,8 @@
 //! `wiretrain launch --local N -- train ...`: N such nodes on 127.0.0.x.
 
 use super::node::NodeArgs;
-use anyhow::{Context, Result, bail};
+use crate::cli::usage;
+use anyhow::Result;
 use burn::tensor::Tensor;
 use clap::Args;
 use serde::Deserialize;
@@ -213,10 +214,12 @@ impl TrainArgs {
     fn resolve(&self) -> Result<Run> {
         let file: FileConfig = match &self.config {
             Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("--config {}", p.display()))?;
-                toml::from_str(&text)
-                    .map_err(|e| anyhow::anyhow!("--config {}: {}", p.display(), e.message()))?
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    crate::cli::usage_error(format!("--config {}: {e}", p.display()))
+                })?;
+                toml::from_str(&text).map_err(|e| {
+                    crate::cli::usage_error(format!("--config {}: {}", p.display(), e.message()))
+                })?
             }
             None => FileConfig::default(),
         };
@@ -226,7 +229,7 @@ impl TrainArgs {
             .or(file.example)
             .unwrap_or_else(|| "mlp".into())
             .parse()
-            .map_err(|e| anyhow::anyhow!("--example: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
         let strategy = self
             .strategy
             .clone()
@@ -248,20 +251,20 @@ impl TrainArgs {
         });
         if let Some(d) = &diloco {
             if d.inner_steps == 0 {
-                bail!("--inner-steps must be at least 1");
+                usage!("--inner-steps must be at least 1");
             }
             if !(d.outer_lr.is_finite() && d.outer_lr > 0.0) {
-                bail!("--outer-lr: {} must be a positive number", d.outer_lr);
+                usage!("--outer-lr: {} must be a positive number", d.outer_lr);
             }
             if !(0.0..1.0).contains(&d.outer_momentum) {
-                bail!("--outer-momentum: {} is outside [0, 1)", d.outer_momentum);
+                usage!("--outer-momentum: {} is outside [0, 1)", d.outer_momentum);
             }
         } else if self.inner_steps.is_some()
             || self.outer_lr.is_some()
             || self.outer_momentum.is_some()
             || self.inner_strategy.is_some()
         {
-            bail!(
+            usage!(
                 "--inner-steps, --inner-strategy, --outer-lr and --outer-momentum belong to \
                  --strategy diloco"
             );
@@ -276,14 +279,14 @@ impl TrainArgs {
             {
                 "ddp" => Strategy::Ddp,
                 "hybrid" => Strategy::Hybrid,
-                other => bail!(
+                other => usage!(
                     "--inner-strategy: {other:?} is not ddp or hybrid (sharding inside the node)"
                 ),
             }
         } else {
             strategy
                 .parse()
-                .map_err(|e| anyhow::anyhow!("--strategy: {e} (or diloco)"))?
+                .map_err(|e| crate::cli::usage_error(format!("--strategy: {e} (or diloco)")))?
         };
         let device = self
             .device
@@ -292,43 +295,43 @@ impl TrainArgs {
             .unwrap_or_else(|| "auto".into());
         // One spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
         let device: Vec<DeviceSpec> =
-            parse_specs(&device).map_err(|e| anyhow::anyhow!("--device: {e}"))?;
+            parse_specs(&device).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
         let share_device = self.share_device || file.share_device.unwrap_or(false);
         let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
         if !(lr.is_finite() && lr > 0.0) {
-            bail!("--lr: {lr} must be a positive number");
+            usage!("--lr: {lr} must be a positive number");
         }
         let steps = self.steps.or(file.steps).unwrap_or(100);
         if steps == 0 {
-            bail!("--steps must be at least 1");
+            usage!("--steps must be at least 1");
         }
         let bucket_bytes = self.bucket_bytes.or(file.bucket_bytes).unwrap_or(25 << 20);
         if bucket_bytes < 4 {
-            bail!("--bucket-bytes: {bucket_bytes} holds no f32 element");
+            usage!("--bucket-bytes: {bucket_bytes} holds no f32 element");
         }
         let accumulate = self.accumulate.or(file.accumulate).unwrap_or(1);
         if accumulate == 0 {
-            bail!("--accumulate must be at least 1");
+            usage!("--accumulate must be at least 1");
         }
         if accumulate > 1 && strategy.shards_params() {
-            bail!(
+            usage!(
                 "--accumulate: {strategy} runs one micro-batch per step (accumulation with sharded \
                  parameters is not built yet); use zero2 or hybrid to accumulate"
             );
         }
         let d_model = self.d_model.or(file.d_model).unwrap_or(64);
         if d_model == 0 || !d_model.is_multiple_of(4) || d_model > 8192 {
-            bail!(
+            usage!(
                 "--d-model: {d_model} must be a positive multiple of 4 (the heads), at most 8192"
             );
         }
         let layers = self.layers.or(file.layers).unwrap_or(2);
         if !(1..=64).contains(&layers) {
-            bail!("--layers: {layers} is outside 1..=64");
+            usage!("--layers: {layers} is outside 1..=64");
         }
         let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
         if prefetch > 16 {
-            bail!("--prefetch: {prefetch} units ahead is more than 16");
+            usage!("--prefetch: {prefetch} units ahead is more than 16");
         }
         let wire: WireDtype = self
             .wire_dtype
@@ -336,7 +339,7 @@ impl TrainArgs {
             .or(file.wire_dtype)
             .unwrap_or_else(|| "f32".into())
             .parse()
-            .map_err(|e| anyhow::anyhow!("--wire-dtype: {e}"))?;
+            .map_err(|e| crate::cli::usage_error(format!("--wire-dtype: {e}")))?;
         let balance = match (
             self.shares.clone().or(file.shares),
             self.balance.clone().or(file.balance).as_deref(),
@@ -345,17 +348,17 @@ impl TrainArgs {
                 list.split(',')
                     .map(|x| x.trim().parse::<usize>())
                     .collect::<Result<_, _>>()
-                    .map_err(|e| anyhow::anyhow!("--shares {list:?}: {e}"))?,
+                    .map_err(|e| crate::cli::usage_error(format!("--shares {list:?}: {e}")))?,
             ),
             (Some(_), Some(b)) => {
-                bail!("--shares sets fixed shares; it cannot go with --balance {b}")
+                usage!("--shares sets fixed shares; it cannot go with --balance {b}")
             }
             (None, None | Some("equal")) => Balance::Equal,
             (None, Some("speed")) => Balance::Speed,
-            (None, Some(other)) => bail!("--balance: {other:?} is not equal or speed"),
+            (None, Some(other)) => usage!("--balance: {other:?} is not equal or speed"),
         };
         if balance != Balance::Equal && accumulate > 1 {
-            bail!("--balance/--shares: uneven shares need --accumulate 1");
+            usage!("--balance/--shares: uneven shares need --accumulate 1");
         }
         let plot = self
             .plot
@@ -366,20 +369,20 @@ impl TrainArgs {
         let keep = self.checkpoint_keep.or(file.checkpoint_keep).unwrap_or(2);
         let resume = self.resume || file.resume.unwrap_or(false);
         if every == Some(0) {
-            bail!("--checkpoint-every must be at least 1");
+            usage!("--checkpoint-every must be at least 1");
         }
         if keep == 0 {
-            bail!("--checkpoint-keep must be at least 1");
+            usage!("--checkpoint-keep must be at least 1");
         }
         let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
             Some(dir) => {
                 if resume && self.overwrite_checkpoints {
-                    bail!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
+                    usage!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
                 }
                 if !resume && !self.overwrite_checkpoints {
                     // Refused here, before joining, with exit 2; the trainer checks again.
                     wiretrain::checkpoint::ensure_unused(&dir)
-                        .map_err(|e| anyhow::anyhow!("--checkpoint-dir: {e}"))?;
+                        .map_err(|e| crate::cli::usage_error(format!("--checkpoint-dir: {e}")))?;
                 }
                 Some(CheckpointPlan {
                     dir,
@@ -390,7 +393,7 @@ impl TrainArgs {
                 })
             }
             None if every.is_some() || resume => {
-                bail!("--checkpoint-every and --resume need --checkpoint-dir")
+                usage!("--checkpoint-every and --resume need --checkpoint-dir")
             }
             None => None,
         };
@@ -399,7 +402,7 @@ impl TrainArgs {
             Some(t) if t.is_finite() && (1.0..=86_400.0).contains(&t) => {
                 std::time::Duration::from_secs_f64(t)
             }
-            Some(t) => bail!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
+            Some(t) => usage!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
         };
         Ok(Run {
             checkpoint,
@@ -463,7 +466,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let nnodes = job.node_config()?.nnodes();
     let world_guess = nnodes * job.ranks();
     if run.device.len() > 1 && run.device.len() != job.ranks() {
-        bail!(
+        usage!(
             "--device: {} devices listed for {} ranks per node (give one, or one per local rank)",
             run.device.len(),
             job.ranks()
@@ -475,7 +478,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
             || sh.contains(&0)
             || sh.iter().sum::<usize>() != run.global_batch)
     {
-        bail!(
+        usage!(
             "--shares {sh:?}: need {world_guess} shares (one per rank), each at least 1, \
              summing to --global-batch {}",
             run.global_batch
@@ -483,13 +486,13 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     }
     if run.balance != Balance::Equal {
         if run.global_batch < world_guess {
-            bail!(
+            usage!(
                 "--global-batch {} is smaller than the world size {world_guess}",
                 run.global_batch
             );
         }
     } else if run.global_batch == 0 || !run.global_batch.is_multiple_of(per_step) {
-        bail!(
+        usage!(
             "--global-batch {} must be a positive multiple of the world size {world_guess} \
              times --accumulate {}",
             run.global_batch,
@@ -520,7 +523,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     let shared = Shared { run, data, fit };
     let outcomes =
         wiretrain::run(job, move |ctx| train_rank(ctx, shared.clone())).map_err(|e| match e {
-            wiretrain::RunError::Device(d) => anyhow::anyhow!("--device: {d}"),
+            wiretrain::RunError::Device(d) => crate::cli::usage_error(format!("--device: {d}")),
             other => anyhow::Error::new(other),
         })?;
     if let Some(step) = outcomes.iter().flatten().next() {
