@@ -14,7 +14,7 @@
 //! wrong elements is reported, like nccl-tests' `#wrong`.
 
 use crate::error::{CollectiveError, Error};
-use crate::group::{ProcessGroup, ReduceOp};
+use crate::group::{CallOpts, ProcessGroup, ReduceOp};
 use crate::topology::shard_range;
 use crate::wire::WireDtype;
 use serde::Serialize;
@@ -227,13 +227,16 @@ fn run_one(
                 .for_each(|(i, x)| *x = value(rank, it, i)),
         }
         pg.barrier()?;
-        pg.set_wire_dtype(spec.wire);
+        let opts = CallOpts::wire(spec.wire).tag("bench");
         let sent0 = pg.bytes_sent();
         let t0 = Instant::now();
         buf = match op {
-            BenchOp::AllReduce => pg.all_reduce(buf, spec.reduce).wait()?,
-            BenchOp::ReduceScatter => pg.reduce_scatter_in_place(buf, spec.reduce).wait()?,
-            BenchOp::AllGather => pg.all_gather_in_place(buf).wait()?,
+            BenchOp::AllReduce => pg.call(opts).all_reduce(buf, spec.reduce).wait()?,
+            BenchOp::ReduceScatter => pg
+                .call(opts)
+                .reduce_scatter_in_place(buf, spec.reduce)
+                .wait()?,
+            BenchOp::AllGather => pg.call(opts).all_gather_in_place(buf).wait()?,
             BenchOp::Broadcast => pg.broadcast(buf, root).wait()?,
             BenchOp::P2p => pg.p2p_exchange(buf).wait()?,
             BenchOp::Memcpy => {
@@ -245,8 +248,7 @@ fn run_one(
         };
         let dt = t0.elapsed().as_secs_f64();
         wire_sent += pg.bytes_sent() - sent0;
-        // Bookkeeping travels exactly.
-        pg.set_wire_dtype(WireDtype::F32);
+        // Bookkeeping travels exactly (the group's default wire dtype, f32).
         // The slowest rank defines the iteration's time.
         let mine = pg.shard_range(world);
         let all = pg.all_gather(vec![dt as f32; mine.len()], world).wait()?;

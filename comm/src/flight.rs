@@ -27,6 +27,9 @@ pub struct Entry {
     pub bytes: usize,
     /// Element type between nodes ("f32", "bf16", ...).
     pub wire: &'static str,
+    /// The caller's label for the call ([`crate::group::CallOpts::tag`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tag: Option<&'static str>,
     pub submitted_ms: f64,
     pub started_ms: Option<f64>,
     pub finished_ms: Option<f64>,
@@ -91,7 +94,14 @@ impl FlightRecorder {
         self.entries.iter_mut().rev().find(|e| e.seq == seq)
     }
 
-    pub fn submitted(&mut self, seq: u64, op: &'static str, bytes: usize, wire: &'static str) {
+    pub fn submitted(
+        &mut self,
+        seq: u64,
+        op: &'static str,
+        bytes: usize,
+        wire: &'static str,
+        tag: Option<&'static str>,
+    ) {
         if self.entries.len() == CAPACITY {
             self.entries.pop_front();
         }
@@ -101,6 +111,7 @@ impl FlightRecorder {
             op,
             bytes,
             wire,
+            tag,
             submitted_ms,
             started_ms: None,
             finished_ms: None,
@@ -226,11 +237,11 @@ mod tests {
     fn keeps_the_last_collectives_and_their_outcome() {
         let mut f = FlightRecorder::new(3);
         for seq in 1..=(CAPACITY as u64 + 10) {
-            f.submitted(seq, "all_reduce", 4 * seq as usize, "f32");
+            f.submitted(seq, "all_reduce", 4 * seq as usize, "f32", None);
             f.started(seq);
             f.finished(seq, None);
         }
-        f.submitted(1000, "all_gather", 64, "f32");
+        f.submitted(1000, "all_gather", 64, "f32", Some("grad bucket"));
         f.started(1000);
         f.finished(1000, Some("connection to node 1 lost".into()));
         let e = f.entries();
@@ -245,6 +256,8 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
         assert_eq!(v["collectives"].as_array().unwrap().len(), CAPACITY);
         assert_eq!(v["collectives"][CAPACITY - 1]["op"], "all_gather");
+        assert_eq!(v["collectives"][CAPACITY - 1]["tag"], "grad bucket");
+        assert!(v["collectives"][0].get("tag").is_none());
         assert_eq!(f.dump_once().unwrap(), p);
         // A name planted in advance (a symlink to a file of someone else's) is not followed.
         #[cfg(unix)]

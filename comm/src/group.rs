@@ -15,8 +15,9 @@
 //! With one node this is a pure shared-buffer reduce-scatter/all-gather; with one rank per
 //! node it is a plain ring.
 //!
-//! Between nodes the ring frames carry the group's wire dtype ([`ProcessGroup::set_wire_dtype`]:
-//! f32, f16, bf16 or int8, see [`crate::codec`]); inside a node everything stays f32. A
+//! Between nodes the ring frames carry the call's wire dtype ([`CallOpts::wire`], else the
+//! group's default, [`ProcessGroup::set_wire_dtype`]: f32, f16, bf16 or int8, see
+//! [`crate::codec`]); inside a node everything stays f32. A
 //! reduction decodes each received frame and adds it in f32. Before an all-gather sends a
 //! node's own finished piece, the node replaces it by its decoded form, so every rank ends with
 //! bit-identical values. Broadcast and p2p always carry f32.
@@ -224,6 +225,7 @@ impl ProcessGroup {
         &mut self,
         kind: OpKind,
         bytes: usize,
+        opts: CallOpts,
         run: impl FnOnce(&mut Executor, OpId) -> Result<T, Error> + Send + 'static,
     ) -> Work<T> {
         self.next_seq += 1;
@@ -237,10 +239,10 @@ impl ProcessGroup {
             | OpKind::ReduceScatter
             | OpKind::AllGather
             | OpKind::HybridReduce
-            | OpKind::Barrier => self.wire,
+            | OpKind::Barrier => opts.wire.unwrap_or(self.wire),
             _ => WireDtype::F32,
         };
-        lock(&self.flight).submitted(id.seq, kind.name(), bytes, wire.name());
+        lock(&self.flight).submitted(id.seq, kind.name(), bytes, wire.name(), opts.tag);
         let flight = self.flight.clone();
         let rank = self.rank;
         let timeout = self.timeout;
@@ -299,68 +301,32 @@ impl ProcessGroup {
 
     /// Sums (or averages) `buf` across all ranks, in place.
     pub fn all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::AllReduce, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, op);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default()).all_reduce(buf, op)
     }
 
     /// Reduces `buf` (the full buffer, used as scratch) across ranks and returns this rank's
     /// shard, `shard_range(buf.len())`.
     pub fn reduce_scatter(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        let range = self.shard_range(buf.len());
-        self.submit(OpKind::ReduceScatter, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, op);
-            keep_or_leak(r, buf).map(|b| b[range].to_vec())
-        })
+        self.call(CallOpts::default()).reduce_scatter(buf, op)
     }
 
     /// In-place reduce-scatter: `buf` comes back with the reduced shard at
     /// `shard_range(buf.len())` (the rest is scratch). No allocation.
     pub fn reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::ReduceScatter, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, op);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default())
+            .reduce_scatter_in_place(buf, op)
     }
 
     /// In-place all-gather: `buf` is the full buffer with this rank's shard already at
     /// `shard_range(buf.len())`; it comes back complete. No allocation.
     pub fn all_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.submit(OpKind::AllGather, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default()).all_gather_in_place(buf)
     }
 
     /// Gathers every rank's shard of a `total`-element buffer; `shard` must have
     /// `shard_range(total).len()` elements.
     pub fn all_gather(&mut self, shard: Vec<f32>, total: usize) -> Work<Vec<f32>> {
-        let range = self.shard_range(total);
-        if shard.len() != range.len() {
-            let why = format!(
-                "all_gather on rank {}: shard has {} elements, but rank {}'s shard of {total} is {}",
-                self.rank,
-                shard.len(),
-                self.rank,
-                range.len()
-            );
-            return self.invalid(OpKind::AllGather, why);
-        }
-        self.submit(OpKind::AllGather, 4 * total, move |ex, id| {
-            let mut buf = ManuallyDrop::new(vec![0.0f32; total]);
-            buf[range].copy_from_slice(&shard);
-            let r = ex.collective(id, &mut buf, total, 0, ReduceOp::Sum);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default()).all_gather(shard, total)
     }
 
     /// Copies `root`'s buffer to every rank; all ranks pass buffers of the same length.
@@ -372,17 +338,22 @@ impl ProcessGroup {
             );
             return self.invalid(OpKind::Broadcast, why);
         }
-        self.submit(OpKind::Broadcast, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, root, ReduceOp::Sum);
-            keep_or_leak(r, buf)
-        })
+        self.submit(
+            OpKind::Broadcast,
+            4 * buf.len(),
+            CallOpts::default(),
+            move |ex, id| {
+                let mut buf = ManuallyDrop::new(buf);
+                let len = buf.len();
+                let r = ex.collective(id, &mut buf, len, root, ReduceOp::Sum);
+                keep_or_leak(r, buf)
+            },
+        )
     }
 
     /// Blocks until every rank has reached the barrier.
     pub fn barrier(&mut self) -> Result<(), Error> {
-        self.submit(OpKind::Barrier, 0, |ex, id| {
+        self.submit(OpKind::Barrier, 0, CallOpts::default(), |ex, id| {
             let mut one = ManuallyDrop::new(vec![0.0f32]);
             let r = ex.collective(id, &mut one, 1, 0, ReduceOp::Sum);
             keep_or_leak(r, one).map(|_| ())
@@ -401,64 +372,44 @@ impl ProcessGroup {
             Vec::new()
         }
     }
-
     /// Hybrid sharding's gradient reduction, in place: `buf` comes back reduced over all ranks
-    /// on [`ProcessGroup::node_pieces`] (the rest is scratch). Inside a node it is a
-    /// reduce-scatter over shared memory; across nodes only the pieces travel, each lane
-    /// all-reducing its own (HSDP: shard inside the node, replicate across nodes).
+    /// on [`ProcessGroup::node_pieces`] (the rest is scratch). See [`Call::hybrid_reduce_in_place`].
     pub fn hybrid_reduce_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::HybridReduce, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, op);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default())
+            .hybrid_reduce_in_place(buf, op)
     }
 
-    /// Gather inside the node: `buf` holds this rank's values on its node pieces and comes
-    /// back complete from the node's other ranks, with no traffic between nodes.
+    /// Gather inside the node only. See [`Call::node_gather_in_place`].
     pub fn node_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.submit(OpKind::NodeGather, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default()).node_gather_in_place(buf)
     }
 
-    /// All-reduce among the ranks of this rank's node only, in place, over shared memory: no
-    /// byte crosses nodes (DiLoCo's inner steps). Mean divides by the node's rank count.
+    /// All-reduce among the ranks of this node only. See [`Call::node_all_reduce`].
     pub fn node_all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::NodeReduce, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, op);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default()).node_all_reduce(buf, op)
     }
 
-    /// Reduction among the ranks of this rank's node only, in place, over shared memory:
-    /// `buf` comes back reduced over the node on [`ProcessGroup::node_pieces`] (the rest is
-    /// scratch) and no byte crosses nodes (DiLoCo's inner steps with sharding inside the
-    /// node). Mean divides by the node's rank count.
+    /// Reduction among the ranks of this node only, kept on the node pieces. See
+    /// [`Call::node_reduce_scatter_in_place`].
     pub fn node_reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.submit(OpKind::NodeReduceScatter, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let len = buf.len();
-            let r = ex.collective(id, &mut buf, len, 0, op);
-            keep_or_leak(r, buf)
-        })
+        self.call(CallOpts::default())
+            .node_reduce_scatter_in_place(buf, op)
     }
 
     /// Raw transport measurement: lane owners send the first half of `buf` to the next node
     /// and receive the second half from the previous node, both directions at once.
     /// Ranks without a lane return at once. For `wiretrain bench --op p2p`.
     pub fn p2p_exchange(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.submit(OpKind::P2p, 4 * buf.len(), move |ex, id| {
-            let mut buf = ManuallyDrop::new(buf);
-            let r = ex.p2p(id, &mut buf);
-            keep_or_leak(r, buf)
-        })
+        self.submit(
+            OpKind::P2p,
+            4 * buf.len(),
+            CallOpts::default(),
+            move |ex, id| {
+                let mut buf = ManuallyDrop::new(buf);
+                let r = ex.p2p(id, &mut buf);
+                keep_or_leak(r, buf)
+            },
+        )
     }
 }
 
@@ -483,9 +434,11 @@ impl Drop for ProcessGroup {
 }
 
 mod bytes;
+mod call;
 mod executor;
 mod node;
 
+pub use call::{Call, CallOpts};
 use executor::Executor;
 pub use node::Node;
 

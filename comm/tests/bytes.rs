@@ -1,10 +1,50 @@
-//! The bytes collectives over real QUIC between nodes and shared buffers inside them (2 nodes
-//! x 2 ranks): payloads of different lengths (empty too) arrive exactly, in rank order, even
-//! on a group whose wire dtype is bf16 or int8, which would round f32 carriers.
+//! Per-call options and the bytes collectives over real QUIC between nodes and shared buffers
+//! inside them (2 nodes x 2 ranks): a call's wire dtype applies to that call only and is
+//! recorded with its tag; bytes payloads of different lengths (empty too) arrive exactly, in
+//! rank order, even on a group whose wire dtype is bf16 or int8, which would round f32 carriers.
 
 mod common;
 
-use wiretrain_comm::WireDtype;
+use wiretrain_comm::{CallOpts, ReduceOp, WireDtype};
+
+/// A value bf16 cannot hold (8 mantissa bits): 1 + 2^-12.
+const FINE: f32 = 1.0 + 1.0 / 4096.0;
+
+#[test]
+fn a_calls_wire_dtype_applies_to_that_call_only() {
+    let res = common::cluster(&[2, 2], "opts-token", |mut pg| {
+        pg.keep_history(true);
+        let narrow = pg
+            .call(CallOpts::wire(WireDtype::Bf16).tag("narrow"))
+            .all_reduce(vec![FINE; 64], ReduceOp::Mean)
+            .wait()
+            .map_err(|e| e.to_string())?;
+        let exact = pg
+            .all_reduce(vec![FINE; 64], ReduceOp::Mean)
+            .wait()
+            .map_err(|e| e.to_string())?;
+        let hist: Vec<_> = pg
+            .take_history()
+            .into_iter()
+            .map(|e| (e.wire, e.tag))
+            .collect();
+        Ok::<_, String>((narrow, exact, pg.wire_dtype(), hist))
+    });
+    for node in res {
+        for r in node.expect("node") {
+            let (narrow, exact, wire, hist) = r.expect("rank");
+            // Rounded between the nodes in bf16 (1 + 2^-12 is not a bf16), then exact again.
+            assert!(
+                narrow.iter().all(|&x| x != FINE && (x - FINE).abs() < 1e-2),
+                "{:?}",
+                &narrow[..4]
+            );
+            assert!(exact.iter().all(|&x| x == FINE), "{:?}", &exact[..4]);
+            assert_eq!(wire, WireDtype::F32, "the group's default is untouched");
+            assert_eq!(hist, [("bf16", Some("narrow")), ("f32", None)]);
+        }
+    }
+}
 
 fn payload(rank: usize) -> Vec<u8> {
     (0..rank * 37).map(|i| (i * 31 + rank * 7) as u8).collect()

@@ -232,8 +232,12 @@ pub fn add_comm_track(pg: &mut ProcessGroup) {
             .map(|e| {
                 let ts = at(e.submitted_ms);
                 let end = at(e.finished_ms.unwrap_or(e.submitted_ms));
+                let name = match e.tag {
+                    Some(tag) => format!("{}#{} {tag}", e.op, e.seq),
+                    None => format!("{}#{}", e.op, e.seq),
+                };
                 Event {
-                    name: format!("{}#{}", e.op, e.seq),
+                    name,
                     cat: "collective".into(),
                     ph: "X".into(),
                     ts,
@@ -244,7 +248,7 @@ pub fn add_comm_track(pg: &mut ProcessGroup) {
                         "op": e.op, "seq": e.seq, "bytes": e.bytes, "state": e.state,
                         "started_us": e.started_ms.map(at),
                         "inter_ms": e.inter_ms, "inter_bytes": e.inter_bytes,
-                        "peer_nodes": peers, "wire_dtype": e.wire,
+                        "peer_nodes": peers, "wire_dtype": e.wire, "tag": e.tag,
                     }),
                 }
             })

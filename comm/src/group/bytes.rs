@@ -3,7 +3,7 @@
 //! instead of ad-hoc encodings. Each pair of bytes rides as one f32 holding 0..=65535 (exact),
 //! on the f32 wire whatever the group's wire dtype.
 
-use super::ProcessGroup;
+use super::{CallOpts, ProcessGroup};
 use crate::error::Error;
 use crate::wire::WireDtype;
 
@@ -22,15 +22,10 @@ fn decode(f: &[f32], len: usize) -> Vec<u8> {
 impl ProcessGroup {
     /// Every rank's bytes, in rank order (a collective; the lengths may differ). Exact.
     pub fn all_gather_bytes(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
-        let wire = self.set_wire_dtype(WireDtype::F32);
-        let r = self.all_gather_bytes_f32(mine);
-        self.set_wire_dtype(wire);
-        r
-    }
-
-    fn all_gather_bytes_f32(&mut self, mine: &[u8]) -> Result<Vec<Vec<u8>>, Error> {
         let world = self.world();
+        let exact = CallOpts::wire(WireDtype::F32).tag("bytes");
         let lens = self
+            .call(exact)
             .all_gather(encode(&(mine.len() as u64).to_le_bytes()), 4 * world)
             .wait()?;
         let lens: Vec<usize> = lens
@@ -46,7 +41,7 @@ impl ProcessGroup {
         }
         let mut padded = encode(mine);
         padded.resize(width, 0.0);
-        let all = self.all_gather(padded, width * world).wait()?;
+        let all = self.call(exact).all_gather(padded, width * world).wait()?;
         Ok(all
             .chunks(width)
             .zip(lens)
