@@ -123,6 +123,15 @@ fn check_nesting(path: &Path, zero3: bool) {
         // 2 nodes x 2 ranks: every rank carries a lane to the other node.
         assert_eq!(c["args"]["peer_nodes"].as_array().unwrap().len(), 1, "{c}");
     }
+    // The trainer tags its calls: every step reduces gradients and agrees on the loss.
+    for tag in ["grads", "loss"] {
+        assert!(
+            coll.iter()
+                .any(|c| c["args"]["tag"] == tag
+                    && c["name"].as_str().is_some_and(|n| n.ends_with(tag))),
+            "{path:?}: no collective tagged {tag}"
+        );
+    }
     let named = |p: &str| {
         evs.iter()
             .any(|e| e["name"].as_str().is_some_and(|n| n.starts_with(p)))

@@ -38,8 +38,10 @@ pub use wiretrain_comm as comm;
 
 pub mod balance;
 pub mod checkpoint;
+mod clock;
 pub mod data;
 pub mod device;
+mod error;
 pub mod fit;
 pub mod flat;
 pub mod heap;

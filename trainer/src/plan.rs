@@ -30,8 +30,8 @@
 //!   in N−1 steps.
 //!   The optimizer step and data loading are not counted.
 
+use crate::strategy::{Scope, Stage, Strategy};
 use serde::Serialize;
-use std::fmt;
 use std::str::FromStr;
 
 /// A link: bandwidth per direction (bytes/s) and per-message latency (s).
@@ -174,38 +174,15 @@ impl Shape {
     }
 }
 
-/// The strategies the planner compares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum PlanStrategy {
-    Ddp,
-    Zero1,
-    Zero2,
-    Zero3,
-    Hybrid,
-}
-
-impl PlanStrategy {
-    pub const ALL: [Self; 5] = [
-        Self::Ddp,
-        Self::Zero1,
-        Self::Zero2,
-        Self::Zero3,
-        Self::Hybrid,
-    ];
-}
-
-impl fmt::Display for PlanStrategy {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Ddp => "ddp",
-            Self::Zero1 => "zero1",
-            Self::Zero2 => "zero2",
-            Self::Zero3 => "zero3",
-            Self::Hybrid => "hybrid",
-        })
-    }
-}
+/// The strategies the planner compares (HSDP is not planned yet: its communication model
+/// needs its own measurements).
+pub const PLANNED: [Strategy; 5] = [
+    Strategy::Ddp,
+    Strategy::Zero1,
+    Strategy::Zero2,
+    Strategy::Zero3,
+    Strategy::Hybrid,
+];
 
 /// Everything the plan depends on.
 #[derive(Debug, Clone, PartialEq)]
@@ -241,7 +218,7 @@ pub struct PlanInput {
 /// The plan of one strategy.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StrategyPlan {
-    pub strategy: PlanStrategy,
+    pub strategy: Strategy,
     pub params_bytes: f64,
     pub grads_bytes: f64,
     pub optim_bytes: f64,
@@ -330,35 +307,39 @@ impl PlanInput {
     }
 
     /// Model-state bytes per device: (params, grads, optimizer).
-    pub fn model_states(&self, st: PlanStrategy) -> (f64, f64, f64) {
+    pub fn model_states(&self, st: Strategy) -> (f64, f64, f64) {
         let (p, g, o) = self.state_bytes();
         let psi = self.params;
-        let n = self.devices();
-        let gpn = self.gpus_per_node as f64;
-        match st {
-            PlanStrategy::Ddp => (p * psi, g * psi, o * psi),
-            PlanStrategy::Zero1 => (p * psi, g * psi, o * psi / n),
-            PlanStrategy::Zero2 => (p * psi, g * psi / n, o * psi / n),
-            PlanStrategy::Zero3 => (p * psi / n, g * psi / n, o * psi / n),
-            PlanStrategy::Hybrid => (p * psi, g * psi / gpn, o * psi / gpn),
-        }
+        // A shard spans every device, or a node's devices.
+        let d = match st.scope() {
+            Scope::World => self.devices(),
+            Scope::Node => self.gpus_per_node as f64,
+        };
+        let stage = st.stage();
+        let cut = |from: Stage| if stage >= from { d } else { 1.0 };
+        (
+            p * psi / cut(Stage::Parameters),
+            g * psi / cut(Stage::Gradients),
+            o * psi / cut(Stage::OptimizerState),
+        )
     }
 
     /// Communication per device per step: (large-N volume in elements, intra bytes, inter
     /// bytes, seconds).
-    pub fn communication(&self, st: PlanStrategy) -> (f64, f64, f64, f64) {
+    pub fn communication(&self, st: Strategy) -> (f64, f64, f64, f64) {
         let psi = self.params;
         let (n, g) = (self.nodes as f64, self.gpus_per_node as f64);
         let w = self.wire.bytes();
         // One reduce-scatter or all-gather of Ψ over all devices, hierarchically.
         let intra_rs = psi * (g - 1.0) / g * w;
         let inter_rs = psi * (n - 1.0) / (n * g) * w;
-        let (ops, volume) = match st {
-            PlanStrategy::Ddp | PlanStrategy::Zero1 | PlanStrategy::Zero2 => (2.0, 2.0 * psi),
-            PlanStrategy::Zero3 => (3.0, 3.0 * psi),
-            // Inside the node a reduce-scatter and an all-gather; across nodes an all-reduce
-            // of each device's Ψ/g piece, which moves the same bytes as the hierarchical pair.
-            PlanStrategy::Hybrid => (2.0, 2.0 * psi),
+        // Stage 3 gathers the parameters twice (forward and backward) and reduce-scatters
+        // the gradients; the other stages reduce-scatter and all-gather once each. At node
+        // scope (hybrid) the node does the same, and across nodes each device all-reduces its
+        // Ψ/g piece, which moves the same bytes as the hierarchical pair.
+        let (ops, volume) = match st.stage() {
+            Stage::Parameters => (3.0, 3.0 * psi),
+            _ => (2.0, 2.0 * psi),
         };
         if self.rank_order == RankOrder::Scrambled && self.nodes > 1 {
             // A flat ring of N devices, every hop across nodes; a node's g devices share its
@@ -368,12 +349,17 @@ impl PlanInput {
             let t = ops * (nd - 1.0) * self.inter.latency_s + inter * g / self.inter.bytes_per_s;
             return (volume, 0.0, inter, t);
         }
-        let (intra, inter) = (ops * intra_rs, ops * inter_rs);
+        // Across nodes a node-scope strategy sends only the gradient reduction.
+        let inter_ops = match st.scope() {
+            Scope::World => ops,
+            Scope::Node => 2.0,
+        };
+        let (intra, inter) = (ops * intra_rs, inter_ops * inter_rs);
         // Ring steps: g−1 per collective inside the node, n−1 across nodes. The g lanes of a
         // node share its link.
         let t_intra = ops * (g - 1.0) * self.intra.latency_s + intra / self.intra.bytes_per_s;
         let t_inter = if self.nodes > 1 {
-            ops * (n - 1.0) * self.inter.latency_s + inter * g / self.inter.bytes_per_s
+            inter_ops * (n - 1.0) * self.inter.latency_s + inter * g / self.inter.bytes_per_s
         } else {
             0.0
         };
@@ -387,13 +373,13 @@ impl PlanInput {
         let flops_per_token = if self.recompute { 8.0 } else { 6.0 } * self.params;
         let compute_s = flops_per_token * tokens / self.devices() / (self.tflops * 1e12);
         let act = self.activation_bytes();
-        let mut out: Vec<StrategyPlan> = PlanStrategy::ALL
+        let mut out: Vec<StrategyPlan> = PLANNED
             .iter()
             .map(|&st| {
                 let (p, g, o) = self.model_states(st);
                 let bytes = p + g + o + act;
                 let (volume, intra, inter, comm_s) = self.communication(st);
-                let exposed = if st == PlanStrategy::Zero3 && self.prefetch {
+                let exposed = if st == Strategy::Zero3 && self.prefetch {
                     let gathers = 2.0 * comm_s / 3.0;
                     (1.0 - self.overlap) * (comm_s - gathers) + (gathers - compute_s).max(0.0)
                 } else {
@@ -511,12 +497,26 @@ mod tests {
             let (a, b, c) = p.model_states(st);
             (a + b + c) / 1e9
         };
-        assert_eq!(gb(PlanStrategy::Ddp), 120.0);
-        assert_eq!(gb(PlanStrategy::Zero1), 31.40625);
-        assert_eq!(gb(PlanStrategy::Zero2), 16.640625);
-        assert_eq!(gb(PlanStrategy::Zero3), 1.875);
-        assert_eq!(format!("{:.1}", gb(PlanStrategy::Zero1)), "31.4");
-        assert_eq!(format!("{:.1}", gb(PlanStrategy::Zero2)), "16.6");
+        assert_eq!(gb(Strategy::Ddp), 120.0);
+        assert_eq!(gb(Strategy::Zero1), 31.40625);
+        assert_eq!(gb(Strategy::Zero2), 16.640625);
+        assert_eq!(gb(Strategy::Zero3), 1.875);
+        assert_eq!(format!("{:.1}", gb(Strategy::Zero1)), "31.4");
+        assert_eq!(format!("{:.1}", gb(Strategy::Zero2)), "16.6");
+        // The node-scope points of the two axes shard over a node's 8 devices (K = 12:
+        // 2 + 2 + 12 bytes per parameter, of which hybrid shards the last 14, HSDP all 16).
+        assert_eq!(gb(Strategy::Hybrid), 7.5 * (2.0 + 14.0 / 8.0));
+        assert_eq!(gb(Strategy::Hsdp), 7.5 * 16.0 / 8.0);
+    }
+
+    /// HSDP composes ZeRO-3 inside the node with hybrid's traffic across nodes.
+    #[test]
+    fn hsdp_moves_zero3_bytes_inside_nodes_and_hybrid_bytes_between_them() {
+        let p = zero_paper();
+        let (_, intra3, _, _) = p.communication(Strategy::Zero3);
+        let (_, _, inter_h, _) = p.communication(Strategy::Hybrid);
+        let (v, intra, inter, _) = p.communication(Strategy::Hsdp);
+        assert_eq!((v, intra, inter), (3.0 * 7.5e9, intra3, inter_h));
     }
 
     /// Communication volume per device: 2Ψ for DDP, ZeRO-1, ZeRO-2; 3Ψ for ZeRO-3 (the ZeRO
@@ -525,10 +525,10 @@ mod tests {
     fn reproduces_the_communication_volumes() {
         let p = zero_paper();
         for (st, k) in [
-            (PlanStrategy::Ddp, 2.0),
-            (PlanStrategy::Zero1, 2.0),
-            (PlanStrategy::Zero2, 2.0),
-            (PlanStrategy::Zero3, 3.0),
+            (Strategy::Ddp, 2.0),
+            (Strategy::Zero1, 2.0),
+            (Strategy::Zero2, 2.0),
+            (Strategy::Zero3, 3.0),
         ] {
             let (v, intra, inter, _) = p.communication(st);
             assert_eq!(v, k * 7.5e9);
@@ -554,10 +554,10 @@ mod tests {
         assert_eq!(
             fit,
             [
-                PlanStrategy::Zero1,
-                PlanStrategy::Zero2,
-                PlanStrategy::Zero3,
-                PlanStrategy::Hybrid
+                Strategy::Zero1,
+                Strategy::Zero2,
+                Strategy::Zero3,
+                Strategy::Hybrid
             ]
         );
         let r = plans.iter().find(|x| x.recommended).unwrap();
@@ -567,7 +567,7 @@ mod tests {
         p.inter = Link::preset("eth-10g").unwrap();
         let plans = p.plan();
         let t = |s| plans.iter().find(|x| x.strategy == s).unwrap().step_s;
-        assert!(t(PlanStrategy::Zero3) > t(PlanStrategy::Zero2));
+        assert!(t(Strategy::Zero3) > t(Strategy::Zero2));
         // Nothing fits on a tiny device.
         p.device_mem = 1e9;
         let plans = p.plan();
@@ -603,7 +603,7 @@ mod tests {
         let z3 = |p: &PlanInput| {
             p.plan()
                 .into_iter()
-                .find(|x| x.strategy == PlanStrategy::Zero3)
+                .find(|x| x.strategy == Strategy::Zero3)
                 .unwrap()
         };
         let plain = z3(&p);
@@ -633,9 +633,9 @@ mod tests {
         let mut p = zero_paper();
         p.nodes = 2;
         p.gpus_per_node = 2;
-        let (_, intra, inter, t) = p.communication(PlanStrategy::Ddp);
+        let (_, intra, inter, t) = p.communication(Strategy::Ddp);
         p.rank_order = RankOrder::Scrambled;
-        let (_, s_intra, s_inter, s_t) = p.communication(PlanStrategy::Ddp);
+        let (_, s_intra, s_inter, s_t) = p.communication(Strategy::Ddp);
         // Node-major: Ψ/4 per device and collective across nodes; scrambled: 3Ψ/4, and
         // nothing inside the node.
         assert!((s_inter / inter - 3.0).abs() < 1e-9, "{s_inter} vs {inter}");

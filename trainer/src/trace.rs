@@ -96,10 +96,15 @@ pub struct Span {
 impl Span {
     /// Attaches arguments shown with the event.
     pub fn args(mut self, v: serde_json::Value) -> Self {
+        self.set_args(v);
+        self
+    }
+
+    /// Attaches arguments shown with the event, in place.
+    pub fn set_args(&mut self, v: serde_json::Value) {
         if let Some(l) = self.live.as_mut() {
             l.3 = v;
         }
-        self
     }
 }
 

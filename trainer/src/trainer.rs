@@ -7,10 +7,10 @@
 //! `trainer.step_accumulate(k, |m, i| ...)` for k micro-batches per step, or, for ZeRO-3,
 //! `Trainer::with_units` and `trainer.step_units(input, loss_fn)`.
 
+use crate::clock::{Phase, StepClock};
 use crate::flat::FlatLayout;
-use crate::optim::{OptimConfig, ShardOptimizer, StepOpts};
-use crate::strategy::Strategy;
-use crate::trace::span;
+use crate::optim::{OptimConfig, ShardOptimizer};
+use crate::strategy::{GradSync, Held, Reach, Stage, Strategy, SyncCx, sync_for};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
@@ -19,29 +19,13 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
-use wiretrain_comm::{ProcessGroup, ReduceOp, WireDtype, Work};
+use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, WireDtype};
+
+pub use crate::error::TrainError;
+pub use crate::strategy::diloco::Diloco;
 
 mod ckpt;
 mod zero3;
-
-/// What can go wrong while training.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum TrainError {
-    #[error(transparent)]
-    Comm(#[from] wiretrain_comm::Error),
-    #[error("ranks disagree on the model: {0}")]
-    ModelMismatch(String),
-    #[error("invalid trainer configuration: {0}")]
-    Config(String),
-    #[error(transparent)]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    #[error("optimizer step: {0}")]
-    Optimizer(String),
-    /// Another rank failed (it reported its own error); this rank stops with it.
-    #[error("{0}")]
-    OtherRank(String),
-}
 
 /// How to train.
 #[derive(Debug, Clone)]
@@ -67,33 +51,6 @@ pub struct TrainerConfig {
     /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
     /// there for the slowest writer); the longer of this and the collective timeout applies.
     pub checkpoint_timeout: std::time::Duration,
-}
-
-/// DiLoCo's outer loop (Douillard et al. 2023): defaults outer lr 0.7, momentum 0.9.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Diloco {
-    /// Inner (local) optimizer steps per outer step (H).
-    pub inner_steps: usize,
-    pub outer_lr: f32,
-    pub outer_momentum: f32,
-}
-
-impl Default for Diloco {
-    fn default() -> Self {
-        Self {
-            inner_steps: 50,
-            outer_lr: 0.7,
-            outer_momentum: 0.9,
-        }
-    }
-}
-
-/// DiLoCo's state: the parameters at the start of the round and the outer momentum.
-#[derive(Debug, Clone, Default)]
-struct OuterState {
-    anchor: Vec<f32>,
-    momentum: Vec<f32>,
-    inner_done: usize,
 }
 
 impl TrainerConfig {
@@ -145,24 +102,18 @@ pub struct Trainer<M: Module> {
     layout: FlatLayout,
     pg: ProcessGroup,
     cfg: TrainerConfig,
-    params: Vec<f32>,
-    buckets: Vec<Range<usize>>,
-    owned: Vec<Range<usize>>,
-    /// ZeRO-1/2 and hybrid: the f32 master of the owned elements (concatenated). `params`
-    /// holds what the model computes with, which a narrow wire dtype rounds.
-    master: Vec<f32>,
+    /// Parameters, masters, owned ranges and buckets (see [`Held`]).
+    held: Held,
+    /// The strategy's gradient sync, chosen once from `cfg`.
+    sync: Box<dyn GradSync>,
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
     /// `pg.bytes_sent()` when the current step began.
     sent_at_start: u64,
-    /// ZeRO-3: time the current step waited for unit all-gathers.
-    gather_wait: Duration,
     /// This rank's gradient and loss weight: share · world / global batch (1 with equal
     /// shares), so the mean over ranks is the global-batch mean (see `set_sample_weight`).
     sample_weight: f32,
-    /// DiLoCo only.
-    outer: Option<OuterState>,
     /// The run id written into checkpoint manifests (fresh per run, kept across resume).
     run_id: String,
 }
@@ -178,9 +129,10 @@ impl<M: Module> Trainer<M> {
         pg: ProcessGroup,
     ) -> Result<Self, TrainError> {
         if cfg.strategy.shards_params() {
-            return Err(TrainError::Config(
-                "zero3 and hsdp need a model cut into units: use Trainer::with_units".into(),
-            ));
+            return Err(TrainError::NeedsUnits {
+                strategy: cfg.strategy,
+                use_instead: "Trainer::with_units",
+            });
         }
         Self::build(model, device, cfg, pg, None)
     }
@@ -208,92 +160,52 @@ impl<M: Module> Trainer<M> {
         let buckets = unit_ranges
             .clone()
             .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
-        let owned: Vec<Range<usize>> = match cfg.strategy {
-            Strategy::Ddp => std::iter::once(0..layout.total()).collect(),
-            Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => buckets
-                .iter()
-                .map(|b| {
-                    let s = pg.shard_range(b.len());
-                    b.start + s.start..b.start + s.end
-                })
-                .collect(),
-            // This rank's node pieces of every bucket, in bucket order.
-            Strategy::Hybrid | Strategy::Hsdp => buckets
-                .iter()
-                .flat_map(|b| {
-                    pg.node_pieces(b.len())
-                        .into_iter()
-                        .map(|r| b.start + r.start..b.start + r.end)
-                })
-                .collect(),
+        let sync = sync_for(cfg.strategy, cfg.diloco, &params)?;
+        let owned = sync.owned(&pg, &buckets, layout.total());
+        let mut held = Held {
+            owned,
+            buckets,
+            ..Held::default()
         };
-        let owned_len: usize = owned.iter().map(|r| r.len()).sum();
         let (model, params) = match &unit_ranges {
             // At rest a ZeRO-3 rank holds its shard of every unit and a module of placeholders.
-            Some(u) => {
-                let shard: Vec<f32> = owned
-                    .iter()
-                    .flat_map(|r| params[r.clone()].to_vec())
-                    .collect();
-                (zero3::free_all(model, &layout, u), shard)
-            }
+            Some(u) => (zero3::free_all(model, &layout, u), held.owned_of(&params)),
             None => (layout.unflatten(model, &params), params),
         };
-        let master = owned_master(cfg.strategy, &owned, &params);
-        if cfg.diloco.is_some() && !matches!(cfg.strategy, Strategy::Ddp | Strategy::Hybrid) {
-            return Err(TrainError::Config(
-                "diloco runs on top of ddp or hybrid (inner steps replicate the model, or shard \
-                 it, inside a node)"
-                    .into(),
-            ));
-        }
-        if cfg.diloco.is_some_and(|d| d.inner_steps == 0) {
-            return Err(TrainError::Config(
-                "diloco needs at least 1 inner step".into(),
-            ));
-        }
-        let outer = cfg.diloco.map(|_| OuterState {
-            anchor: params.clone(),
-            momentum: vec![0.0; params.len()],
-            inner_done: 0,
-        });
+        held.params = params;
         let kernels = cfg
             .fused_optimizer
             .then(|| crate::device::kernels_for(device))
             .flatten();
-        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), owned_len, kernels);
-        let max_bucket = buckets.iter().map(|b| b.len()).max().unwrap_or(0);
-        let memory = MemoryReport {
-            params_bytes: 4 * match cfg.strategy {
-                Strategy::Zero3 | Strategy::Hsdp => owned_len + (1 + cfg.prefetch) * max_bucket,
-                _ => layout.total(),
-            },
-            grads_bytes: 4 * match cfg.strategy {
-                Strategy::Ddp | Strategy::Zero1 => layout.total(),
-                Strategy::Zero2 | Strategy::Zero3 | Strategy::Hybrid | Strategy::Hsdp => {
-                    owned_len + max_bucket
-                }
-            },
-            optim_bytes: opt.state_bytes(),
-        };
-        Ok(Self {
+        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels);
+        let memory = memory_model(&cfg, &held, layout.total(), opt.state_bytes());
+        let mut trainer = Self {
             model: Some(model),
             layout,
             pg,
             cfg,
-            params,
-            buckets,
-            owned,
-            master,
+            held,
+            sync,
             opt,
             memory,
             stop: None,
             sent_at_start: 0,
-            gather_wait: Duration::ZERO,
             sample_weight: 1.0,
-            outer,
             run_id: format!("{:016x}", rand::random::<u64>()),
-        })
+        };
+        trainer.reset_master();
+        Ok(trainer)
+    }
+
+    /// Stages 1-2 keep an f32 master of their owned elements: it is taken from the
+    /// parameters (at the start, and after a load).
+    fn reset_master(&mut self) {
+        if matches!(
+            self.cfg.strategy.stage(),
+            Stage::OptimizerState | Stage::Gradients
+        ) {
+            self.held.master = self.held.owned_of(&self.held.params);
+        }
     }
 
     pub fn model(&self) -> &M {
@@ -330,7 +242,7 @@ impl<M: Module> Trainer<M> {
     /// The parameters this rank holds between steps: the full flat vector (identical on every
     /// rank) for DDP, ZeRO-1 and ZeRO-2; this rank's shard of every unit for ZeRO-3.
     pub fn params(&self) -> &[f32] {
-        &self.params
+        &self.held.params
     }
 
     /// The full flat parameter vector on every rank. A collective under ZeRO-3 (every rank
@@ -338,23 +250,17 @@ impl<M: Module> Trainer<M> {
     /// computes with: with a narrow wire dtype, ZeRO-1/2 and hybrid hold the decoded values).
     pub fn gather_params(&mut self) -> Result<Vec<f32>, TrainError> {
         if !self.cfg.strategy.shards_params() {
-            return Ok(self.params.clone());
+            return Ok(self.held.params.clone());
         }
         let device_master = self.opt.device_master().map_err(TrainError::Optimizer)?;
-        let shard: &[f32] = device_master.as_deref().unwrap_or(&self.params);
-        let hsdp = self.cfg.strategy == Strategy::Hsdp;
+        let shard: &[f32] = device_master.as_deref().unwrap_or(&self.held.params);
+        let reach = Reach::of(self.cfg.strategy.scope());
         let mut full = vec![0.0f32; self.layout.total()];
         let mut at = 0;
-        let mut works = Vec::with_capacity(self.buckets.len());
-        for b in &self.buckets {
-            let n = zero3::unit_share(&self.pg, hsdp, b.len());
-            let w = zero3::issue_gather(
-                &mut self.pg,
-                hsdp,
-                WireDtype::F32,
-                &shard[at..at + n],
-                b.len(),
-            );
+        let mut works = Vec::with_capacity(self.held.buckets.len());
+        for b in &self.held.buckets {
+            let n = reach.share(&self.pg, b.len());
+            let w = reach.gather(&mut self.pg, WireDtype::F32, &shard[at..at + n], b.len());
             at += n;
             works.push((b.clone(), w));
         }
@@ -370,7 +276,7 @@ impl<M: Module> Trainer<M> {
 
     /// Elements of the largest communication unit: a bucket, or under ZeRO-3 a unit.
     pub fn largest_bucket(&self) -> usize {
-        self.buckets.iter().map(|b| b.len()).max().unwrap_or(0)
+        self.held.buckets.iter().map(|b| b.len()).max().unwrap_or(0)
     }
 
     pub fn process_group(&mut self) -> &mut ProcessGroup {
@@ -415,17 +321,18 @@ impl<M: Module> Trainer<M> {
                 "accumulation needs at least one micro-batch".into(),
             ));
         }
-        let (t0, model) = self.begin_whole_step()?;
+        let (clock, model) = self.begin_whole_step()?;
         let mut local_loss = 0.0f32;
         let mut acc = GradientsAccumulator::<M>::new();
         let mut single = None;
         for i in 0..micro {
-            // Reading the loss back makes the (lazy) forward pass run inside its span.
-            let sp = span("forward", "compute").args(serde_json::json!({ "micro": i }));
+            // Reading the loss back makes the (lazy) forward pass run inside its phase.
+            let micro_arg = || serde_json::json!({ "micro": i });
+            let fwd = clock.enter(Phase::Compute, "forward").args(micro_arg());
             let loss = loss_fn(&model, i);
             local_loss += loss.clone().into_scalar::<f32>();
-            drop(sp);
-            let _s = span("backward", "compute").args(serde_json::json!({ "micro": i }));
+            drop(fwd);
+            let _bwd = clock.enter(Phase::Compute, "backward").args(micro_arg());
             let g = GradientsParams::from_grads(loss.backward(), &model);
             if micro == 1 {
                 single = Some(g);
@@ -436,7 +343,7 @@ impl<M: Module> Trainer<M> {
         let local_loss = local_loss / micro as f32;
         let grads = single.unwrap_or_else(|| acc.grads());
         let grad_scale = 1.0 / micro as f32;
-        self.apply_grads(model, grads, grad_scale, local_loss, t0)
+        self.apply_grads(model, grads, grad_scale, local_loss, clock)
     }
 
     /// One optimizer step from gradients computed elsewhere: `grads_fn(model)` runs the
@@ -447,25 +354,25 @@ impl<M: Module> Trainer<M> {
         &mut self,
         grads_fn: impl FnOnce(&M) -> (GradientsParams, f32),
     ) -> Result<StepReport, TrainError> {
-        let (t0, model) = self.begin_whole_step()?;
-        let sp = span("forward+backward", "compute");
+        let (clock, model) = self.begin_whole_step()?;
+        let fb = clock.enter(Phase::Compute, "forward+backward");
         let (grads, local_loss) = grads_fn(&model);
-        drop(sp);
-        self.apply_grads(model, grads, 1.0, local_loss, t0)
+        drop(fb);
+        self.apply_grads(model, grads, 1.0, local_loss, clock)
     }
 
     /// The start of a whole-model step: refuses ZeRO-3/HSDP, resets the step's counters and
     /// takes the model out for the forward and backward passes.
-    fn begin_whole_step(&mut self) -> Result<(Instant, M), TrainError> {
+    fn begin_whole_step(&mut self) -> Result<(StepClock, M), TrainError> {
         if self.cfg.strategy.shards_params() {
-            return Err(TrainError::Config(
-                "zero3 and hsdp steps run unit by unit: use Trainer::step_units".into(),
-            ));
+            return Err(TrainError::NeedsUnits {
+                strategy: self.cfg.strategy,
+                use_instead: "Trainer::step_units",
+            });
         }
         self.sent_at_start = self.pg.bytes_sent();
-        self.gather_wait = Duration::ZERO;
         let model = self.model.take().expect("model present between steps");
-        Ok((Instant::now(), model))
+        Ok((StepClock::since(Instant::now()), model))
     }
 
     /// Sets the learning rate of the following steps (e.g. from a scheduler).
@@ -473,244 +380,53 @@ impl<M: Module> Trainer<M> {
         self.cfg.lr = lr;
     }
 
-    /// Communicates `grads` (scaled by `grad_scale`) under the strategy and updates the shard.
+    /// The context a sync works in during a step timed by `clock`.
+    fn sync_cx<'a>(
+        &'a mut self,
+        clock: &'a StepClock,
+    ) -> (SyncCx<'a>, &'a mut dyn GradSync, &'a mut Held) {
+        let cx = SyncCx {
+            pg: &mut self.pg,
+            layout: &self.layout,
+            opt: &mut self.opt,
+            clock,
+            wire: self.cfg.wire,
+            lr: self.cfg.lr,
+            sample_weight: self.sample_weight,
+        };
+        (cx, self.sync.as_mut(), &mut self.held)
+    }
+
+    /// Communicates `grads` (scaled by `grad_scale`) under the strategy, updates the owned
+    /// elements and puts the model back with the new parameters.
     fn apply_grads(
         &mut self,
         model: M,
         mut grads: GradientsParams,
         grad_scale: f32,
         local_loss: f32,
-        t0: Instant,
+        clock: StepClock,
     ) -> Result<StepReport, TrainError> {
-        let mut compute = t0.elapsed();
-        let mut comm = Duration::ZERO;
-        let total = self.layout.total();
-        let t_opt;
-        match self.cfg.strategy {
-            Strategy::Ddp => {
-                // Every bucket's all-reduce is in flight while the next bucket is flattened.
-                let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
-                let tf = Instant::now();
-                let sp = span("flatten+issue", "compute");
-                for b in &self.buckets {
-                    let mut flat = Vec::new();
-                    self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
-                    weigh(&mut flat, self.sample_weight);
-                    let w = if self.outer.is_some() {
-                        // DiLoCo's inner step: shared memory inside the node only.
-                        self.pg.node_all_reduce(flat, ReduceOp::Mean)
-                    } else {
-                        let prev = self.pg.set_wire_dtype(self.cfg.wire);
-                        let w = self.pg.all_reduce(flat, ReduceOp::Mean);
-                        self.pg.set_wire_dtype(prev);
-                        w
-                    };
-                    works.push((b.clone(), w));
-                }
-                drop(sp);
-                compute += tf.elapsed();
-                let mut full = vec![0.0f32; total];
-                let tw = Instant::now();
-                for (b, w) in works {
-                    let id = w.id();
-                    let _s = span(format!("wait {id}"), "comm");
-                    full[b].copy_from_slice(&w.wait()?);
-                }
-                comm += tw.elapsed();
-                t_opt = Instant::now();
-                let _s = span("optimizer", "optim");
-                // The micro-batch mean is taken in the step (on the device when fused).
-                let opts = StepOpts {
-                    grad_scale,
-                    readback: WireDtype::F32,
-                };
-                self.opt
-                    .step_with(self.cfg.lr, &mut self.params, &full, opts)
-                    .map_err(TrainError::Optimizer)?;
-                drop(_s);
-                let to = Instant::now();
-                if self.outer_step()? {
-                    comm += to.elapsed();
-                }
-            }
-            Strategy::Zero3 | Strategy::Hsdp => unreachable!("refused above"),
-            Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => {
-                // Hybrid is ZeRO-2 with both collectives narrowed to the node: the reduction
-                // keeps the rank's node pieces, the gather stays inside the node.
-                let node = self.cfg.strategy == Strategy::Hybrid;
-                let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
-                let mut gshard = vec![0.0f32; owned_len];
-                let mut at = 0;
-                let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
-                for b in &self.buckets {
-                    let tf = Instant::now();
-                    let sp = span("flatten bucket", "compute");
-                    let mut flat = Vec::new();
-                    self.layout.flatten_grads(&mut grads, b.clone(), &mut flat);
-                    weigh(&mut flat, self.sample_weight);
-                    drop(sp);
-                    compute += tf.elapsed();
-                    let n = zero3::unit_share(&self.pg, node, b.len());
-                    let sp = span("issue reduce", "comm");
-                    let w = if self.outer.is_some() {
-                        // DiLoCo's inner step sharded inside the node: shared memory only.
-                        self.pg.node_reduce_scatter_in_place(flat, ReduceOp::Mean)
-                    } else {
-                        zero3::issue_reduce(&mut self.pg, node, self.cfg.wire, flat)
-                    };
-                    drop(sp);
-                    if self.cfg.strategy == Strategy::Zero1 {
-                        pending.push((at, w));
-                    } else {
-                        // ZeRO-2: the full bucket is reduced and dropped before the next exists.
-                        let tw = Instant::now();
-                        let sp = span(format!("wait {}", w.id()), "comm");
-                        let buf = w.wait()?;
-                        drop(sp);
-                        comm += tw.elapsed();
-                        zero3::take_share(&self.pg, node, &buf, &mut gshard[at..at + n]);
-                    }
-                    at += n;
-                }
-                let tw = Instant::now();
-                for (off, w) in pending {
-                    let _s = span(format!("wait {}", w.id()), "comm");
-                    let buf = w.wait()?;
-                    let n = zero3::unit_share(&self.pg, node, buf.len());
-                    zero3::take_share(&self.pg, node, &buf, &mut gshard[off..off + n]);
-                }
-                comm += tw.elapsed();
-                t_opt = Instant::now();
-                let sp = span("optimizer", "optim");
-                debug_assert_eq!(self.master.len(), owned_len);
-                // Only the gathered (wire-rounded) values leave the optimizer: when fused, the
-                // f32 master stays on the device and the cast kernel narrows the read-back.
-                let opts = StepOpts {
-                    grad_scale,
-                    readback: self.cfg.wire,
-                };
-                self.opt
-                    .step_with(self.cfg.lr, &mut self.master, &gshard, opts)
-                    .map_err(TrainError::Optimizer)?;
-                drop(sp);
-                let opt_time = t_opt.elapsed();
-                let tw = Instant::now();
-                self.gather_shards()?;
-                self.outer_step()?;
-                comm += tw.elapsed();
-                return self.finish(model, t0, local_loss, compute, comm, opt_time);
-            }
-        }
-        let opt_time = t_opt.elapsed();
-        self.finish(model, t0, local_loss, compute, comm, opt_time)
-    }
-
-    /// DiLoCo: after every `inner_steps` inner steps, averages the parameter deltas of all
-    /// nodes (in the wire dtype; the only bytes between nodes) and applies the outer
-    /// Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m). Returns whether it ran.
-    fn outer_step(&mut self) -> Result<bool, TrainError> {
-        let Some(d) = self.cfg.diloco else {
-            return Ok(false);
-        };
-        let outer = self.outer.as_mut().expect("diloco state");
-        outer.inner_done += 1;
-        if !outer.inner_done.is_multiple_of(d.inner_steps) {
-            return Ok(false);
-        }
-        let _s = span("outer step", "comm");
-        let delta: Vec<f32> = outer
-            .anchor
-            .iter()
-            .zip(&self.params)
-            .map(|(a, p)| a - p)
-            .collect();
-        let prev = self.pg.set_wire_dtype(self.cfg.wire);
-        let w = self.pg.all_reduce(delta, ReduceOp::Mean);
-        self.pg.set_wire_dtype(prev);
-        let delta = w.wait()?;
-        let outer = self.outer.as_mut().expect("diloco state");
-        let (lr, mu) = (d.outer_lr, d.outer_momentum);
-        for (((a, m), p), g) in outer
-            .anchor
-            .iter_mut()
-            .zip(outer.momentum.iter_mut())
-            .zip(self.params.iter_mut())
-            .zip(&delta)
-        {
-            *m = mu * *m + g;
-            *a -= lr * (g + mu * *m);
-            *p = *a;
-        }
-        // The optimizer's master (the whole vector under DDP, the owned pieces when sharded
-        // inside the node) follows; the fused optimizer keeps its own copy on the device.
-        self.master = owned_master(self.cfg.strategy, &self.owned, &self.params);
-        let master = if self.cfg.strategy == Strategy::Ddp {
-            &self.params
-        } else {
-            &self.master
-        };
-        self.opt.set_master(master).map_err(TrainError::Optimizer)?;
-        Ok(true)
-    }
-
-    /// ZeRO-1/2, hybrid: gathers every rank's share of every bucket (its master, in the
-    /// wire dtype) into the parameters the model computes with, all buckets in flight at once.
-    fn gather_shards(&mut self) -> Result<(), TrainError> {
-        let node = self.cfg.strategy == Strategy::Hybrid;
-        let sp = span("issue gathers", "comm");
-        let mut works = Vec::with_capacity(self.buckets.len());
-        let mut at = 0;
-        for b in &self.buckets {
-            let n = zero3::unit_share(&self.pg, node, b.len());
-            let w = zero3::issue_gather(
-                &mut self.pg,
-                node,
-                self.cfg.wire,
-                &self.master[at..at + n],
-                b.len(),
-            );
-            at += n;
-            works.push((b.clone(), w));
-        }
-        drop(sp);
-        for (b, w) in works {
-            let _s = span(format!("wait {}", w.id()), "comm");
-            let full = w.wait()?;
-            self.params[b].copy_from_slice(&full);
-        }
-        Ok(())
-    }
-
-    fn finish(
-        &mut self,
-        model: M,
-        t0: Instant,
-        local_loss: f32,
-        compute: Duration,
-        comm: Duration,
-        opt_time: Duration,
-    ) -> Result<StepReport, TrainError> {
-        let tu = Instant::now();
-        let sp = span("unflatten", "compute");
-        let model = self.layout.unflatten(model, &self.params);
-        drop(sp);
-        let compute = compute + tu.elapsed();
-        self.finish_sharded(model, t0, local_loss, compute, comm, opt_time)
+        let (mut cx, sync, held) = self.sync_cx(&clock);
+        let grad = sync.reduce(&mut cx, held, &mut grads)?;
+        drop(grads);
+        sync.update(&mut cx, held, &grad, grad_scale)?;
+        drop(grad);
+        let unflatten = clock.enter(Phase::Compute, "unflatten");
+        let model = self.layout.unflatten(model, &self.held.params);
+        drop(unflatten);
+        self.finish_step(model, local_loss, &clock)
     }
 
     /// Puts the model back and agrees on the loss and the stop flag.
-    fn finish_sharded(
+    fn finish_step(
         &mut self,
         model: M,
-        t0: Instant,
         local_loss: f32,
-        compute: Duration,
-        mut comm: Duration,
-        opt_time: Duration,
+        clock: &StepClock,
     ) -> Result<StepReport, TrainError> {
         self.model = Some(model);
-        let tl = Instant::now();
-        let sp = span("loss all_reduce", "comm");
+        let agree = clock.enter(Phase::Comm, "loss all_reduce");
         let stop = self
             .stop
             .as_ref()
@@ -718,43 +434,49 @@ impl<M: Module> Trainer<M> {
         let world = self.pg.world() as f32;
         let agreed = self
             .pg
+            .call(CallOpts::default().tag("loss"))
             .all_reduce(
                 vec![local_loss * self.sample_weight, f32::from(u8::from(stop))],
                 ReduceOp::Sum,
             )
             .wait()?;
-        drop(sp);
+        drop(agree);
         let (loss, stop) = (agreed[0] / world, agreed[1] > 0.0);
-        comm += tl.elapsed();
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         Ok(StepReport {
             loss,
-            compute_ms: compute.as_secs_f64() * 1e3,
-            comm_ms: comm.as_secs_f64() * 1e3,
-            optim_ms: opt_time.as_secs_f64() * 1e3,
-            step_ms: t0.elapsed().as_secs_f64() * 1e3,
-            gather_ms: self.gather_wait.as_secs_f64() * 1e3,
+            compute_ms: ms(clock.total(Phase::Compute)),
+            comm_ms: ms(clock.total(Phase::Comm) + clock.total(Phase::Gather)),
+            optim_ms: ms(clock.total(Phase::Optim)),
+            step_ms: ms(clock.elapsed()),
+            gather_ms: ms(clock.total(Phase::Gather)),
             sent_bytes: self.pg.bytes_sent() - self.sent_at_start,
             stop,
         })
     }
 }
 
-/// The f32 master copy ZeRO-1/2 and hybrid keep of their owned elements (empty for DDP, whose
-/// `params` are the master, and for ZeRO-3/HSDP, whose `params` hold only the owned shard).
-fn owned_master(strategy: Strategy, owned: &[Range<usize>], params: &[f32]) -> Vec<f32> {
-    match strategy {
-        Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => owned
-            .iter()
-            .flat_map(|r| params[r.clone()].iter().copied())
-            .collect(),
-        Strategy::Ddp | Strategy::Zero3 | Strategy::Hsdp => Vec::new(),
-    }
-}
-
-/// Multiplies a rank's flattened gradient by its sample weight (no-op for 1).
-pub(crate) fn weigh(v: &mut [f32], w: f32) {
-    if w != 1.0 {
-        v.iter_mut().for_each(|x| *x *= w);
+/// Bytes a rank holds for model states under `cfg`'s stage (what [`MemoryReport`] says).
+fn memory_model(
+    cfg: &TrainerConfig,
+    held: &Held,
+    total: usize,
+    optim_bytes: usize,
+) -> MemoryReport {
+    let max_bucket = held.buckets.iter().map(|b| b.len()).max().unwrap_or(0);
+    let stage = cfg.strategy.stage();
+    MemoryReport {
+        params_bytes: 4 * if stage == Stage::Parameters {
+            held.owned_len() + (1 + cfg.prefetch) * max_bucket
+        } else {
+            total
+        },
+        grads_bytes: 4 * if stage >= Stage::Gradients {
+            held.owned_len() + max_bucket
+        } else {
+            total
+        },
+        optim_bytes,
     }
 }
 

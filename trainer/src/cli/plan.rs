@@ -5,9 +5,8 @@
 use crate::cli::usage;
 use anyhow::Result;
 use clap::Args;
-use wiretrain::plan::{
-    Link, PRESETS, PlanInput, PlanStrategy, Precision, Shape, WireDtype, reason,
-};
+use wiretrain::plan::{Link, PRESETS, PlanInput, Precision, Shape, WireDtype, reason};
+use wiretrain::strategy::Strategy;
 
 #[derive(Debug, Clone, Args)]
 pub struct PlanArgs {
@@ -371,7 +370,7 @@ pub fn interconnects_table(json: bool) -> String {
             }
             continue;
         }
-        let cell = |st: PlanStrategy| {
+        let cell = |st: Strategy| {
             let p = plans
                 .iter()
                 .find(|p| p.strategy == st)
@@ -389,11 +388,11 @@ pub fn interconnects_table(json: bool) -> String {
         out.push_str(&format!(
             "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
             name,
-            cell(PlanStrategy::Ddp),
-            cell(PlanStrategy::Zero1),
-            cell(PlanStrategy::Zero2),
-            cell(PlanStrategy::Zero3),
-            cell(PlanStrategy::Hybrid),
+            cell(Strategy::Ddp),
+            cell(Strategy::Zero1),
+            cell(Strategy::Zero2),
+            cell(Strategy::Zero3),
+            cell(Strategy::Hybrid),
             choose
         ));
     }

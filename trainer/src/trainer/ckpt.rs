@@ -22,8 +22,9 @@ use crate::checkpoint::{
     OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune, step_dir_name, write_manifest,
     write_named, write_shard,
 };
+use crate::clock::StepClock;
 use crate::optim::ExportedState;
-use crate::strategy::Strategy;
+use crate::strategy::{Scope, Stage};
 use burn::module::Module;
 use std::path::{Path, PathBuf};
 use wiretrain_comm::ReduceOp;
@@ -44,19 +45,20 @@ enum Wrote {
 impl<M: Module> Trainer<M> {
     /// Whether this rank writes its owned elements (so that each element is written once).
     fn writes_checkpoint(&self) -> bool {
-        if self.outer.is_some() {
+        let replicated = self.cfg.strategy.stage() == Stage::Replicated;
+        if self.sync.outer().is_some() {
             // DiLoCo: every node's inner state, by its first rank (DDP inside the node) or by
             // the ranks that own a part of it (sharded inside the node).
-            return match self.cfg.strategy {
-                Strategy::Ddp => self.pg.local_rank() == 0,
-                _ => self.owned.iter().any(|r| !r.is_empty()),
+            return match replicated {
+                true => self.pg.local_rank() == 0,
+                false => self.held.owned.iter().any(|r| !r.is_empty()),
             };
         }
-        match self.cfg.strategy {
+        match (replicated, self.cfg.strategy.scope()) {
             // Every rank holds everything: each writes its share, so no rank writes it all.
-            Strategy::Ddp => !self.ddp_write_range().is_empty(),
-            Strategy::Zero1 | Strategy::Zero2 | Strategy::Zero3 => true,
-            Strategy::Hybrid | Strategy::Hsdp => !self.replica_write_piece().is_empty(),
+            (true, _) => !self.ddp_write_range().is_empty(),
+            (false, Scope::World) => true,
+            (false, Scope::Node) => !self.replica_write_piece().is_empty(),
         }
     }
 
@@ -65,7 +67,7 @@ impl<M: Module> Trainer<M> {
     /// the shard (the concatenation of `owned`), so each element is written once and no node
     /// writes it all.
     fn replica_write_piece(&self) -> std::ops::Range<usize> {
-        let held: usize = self.owned.iter().map(|r| r.len()).sum();
+        let held = self.held.owned_len();
         let nodes = self.pg.table().num_nodes();
         let k = self.pg.node();
         held * k / nodes..held * (k + 1) / nodes
@@ -88,22 +90,18 @@ impl<M: Module> Trainer<M> {
     /// This rank's owned element ranges, the parameters over them and its optimizer state.
     fn shard_data(&self) -> Result<(ShardData, ExportedState), TrainError> {
         let device = self.opt.device_master().map_err(TrainError::Optimizer)?;
-        let params: Vec<f32> = match (device, self.cfg.strategy) {
+        let stage = self.cfg.strategy.stage();
+        let params: Vec<f32> = match (device, stage) {
             // The fused optimizer holds the f32 master on the device.
             (Some(m), _) => m,
-            (None, strategy) => match strategy {
-                Strategy::Zero3 | Strategy::Hsdp => self.params.clone(),
-                // The f32 master, not the compute copy a narrow wire dtype rounds.
-                Strategy::Zero1 | Strategy::Zero2 | Strategy::Hybrid => self.master.clone(),
-                Strategy::Ddp => self
-                    .owned
-                    .iter()
-                    .flat_map(|r| self.params[r.clone()].iter().copied())
-                    .collect(),
-            },
+            (None, Stage::Parameters) => self.held.params.clone(),
+            // The f32 master, not the compute copy a narrow wire dtype rounds.
+            (None, Stage::OptimizerState | Stage::Gradients) => self.held.master.clone(),
+            (None, Stage::Replicated) => self.held.owned_of(&self.held.params),
         };
         let mut state = self.opt.export_state().map_err(TrainError::Config)?;
-        if self.outer.is_none() && self.cfg.strategy == Strategy::Ddp {
+        let diloco = self.sync.outer().is_some();
+        if !diloco && stage == Stage::Replicated {
             // DDP owns the whole vector; this rank writes its share of it.
             let r = self.ddp_write_range();
             for (_, v) in &mut state.tensors {
@@ -116,12 +114,12 @@ impl<M: Module> Trainer<M> {
             };
             return Ok((shard, state));
         }
-        if self.outer.is_none() && matches!(self.cfg.strategy, Strategy::Hybrid | Strategy::Hsdp) {
+        if !diloco && self.cfg.strategy.scope() == Scope::Node {
             // The replicas split the shard: this node's piece of it, mapped to flat ranges.
             let piece = self.replica_write_piece();
             let mut ranges = Vec::new();
             let mut at = 0;
-            for r in &self.owned {
+            for r in &self.held.owned {
                 let (lo, hi) = (piece.start.max(at), piece.end.min(at + r.len()));
                 if lo < hi {
                     ranges.push(r.start + (lo - at)..r.start + (hi - at));
@@ -141,7 +139,7 @@ impl<M: Module> Trainer<M> {
         }
         Ok((
             ShardData {
-                ranges: self.owned.clone(),
+                ranges: self.held.owned.clone(),
                 params,
                 state: state.tensors.clone(),
             },
@@ -192,7 +190,7 @@ impl<M: Module> Trainer<M> {
             mine = Some(write_shard(&dir, rank, &shard));
         }
         if rank == 0
-            && let Some(o) = &self.outer
+            && let Some(o) = self.sync.outer()
             && let Some(Ok(_)) = &mine
         {
             let outer = ShardData {
@@ -245,7 +243,7 @@ impl<M: Module> Trainer<M> {
             for (r, w) in reports.into_iter().enumerate() {
                 let Wrote::File(f) = w else { continue };
                 let node = self.pg.table().locate(r).0;
-                let to = if self.outer.is_some() && node > 0 {
+                let to = if self.sync.outer().is_some() && node > 0 {
                     if node_files.len() < node {
                         node_files.resize_with(node, Vec::new);
                     }
@@ -270,7 +268,7 @@ impl<M: Module> Trainer<M> {
                 run,
                 files,
                 run_id: self.run_id.clone(),
-                diloco: self.outer.as_ref().map(|o| DilocoManifest {
+                diloco: self.sync.outer().map(|o| DilocoManifest {
                     inner_done: o.inner_done,
                     outer: outer_file.clone().expect("rank 0 wrote the outer state"),
                     nodes: {
@@ -499,7 +497,7 @@ impl<M: Module> Trainer<M> {
             }
             .into());
         }
-        let data = ck.read_ranges(&self.owned)?;
+        let data = ck.read_ranges(&self.held.owned)?;
         self.opt
             .import_state(ExportedState {
                 tensors: data.state,
@@ -510,12 +508,12 @@ impl<M: Module> Trainer<M> {
                 reason,
             })?;
         if self.cfg.strategy.shards_params() {
-            self.params = data.params;
+            self.held.params = data.params;
         } else {
-            self.params = ck.read_params()?;
-            self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
+            self.held.params = ck.read_params()?;
+            self.reset_master();
         }
-        if self.outer.is_some() {
+        if self.sync.outer().is_some() {
             // DiLoCo: this node's inner state and the outer state, or a new round at the
             // loaded parameters when the checkpoint has no DiLoCo state.
             self.load_diloco_state(ck)?;
@@ -530,11 +528,11 @@ impl<M: Module> Trainer<M> {
         if self.cfg.strategy.shards_params() {
             return Ok(());
         }
-        if self.cfg.strategy != Strategy::Ddp {
-            self.gather_shards()?;
-        }
+        let clock = StepClock::since(std::time::Instant::now());
+        let (mut cx, sync, held) = self.sync_cx(&clock);
+        sync.refresh(&mut cx, held)?;
         let model = self.model.take().expect("model present between steps");
-        self.model = Some(self.layout.unflatten(model, &self.params));
+        self.model = Some(self.layout.unflatten(model, &self.held.params));
         Ok(())
     }
 
@@ -546,9 +544,10 @@ impl<M: Module> Trainer<M> {
                 "{}: no DiLoCo state in the checkpoint; a new outer round starts at its parameters",
                 ck.dir.display()
             );
-            let o = self.outer.as_mut().expect("diloco state");
-            o.anchor = self.params.clone();
-            o.momentum = vec![0.0; self.params.len()];
+            let params = self.held.params.clone();
+            let o = self.sync.outer_mut().expect("diloco state");
+            o.momentum = vec![0.0; params.len()];
+            o.anchor = params;
             o.inner_done = 0;
             return Ok(());
         };
@@ -565,7 +564,7 @@ impl<M: Module> Trainer<M> {
             }
             .into());
         }
-        if outer.anchor.len() != self.params.len() {
+        if outer.anchor.len() != self.held.params.len() {
             return Err(CheckpointError::Mismatch {
                 path: ck.dir.clone(),
                 reason: "the outer state does not match the model".into(),
@@ -577,16 +576,10 @@ impl<M: Module> Trainer<M> {
             // This node's whole inner state; this rank keeps the state of what it owns.
             let all: Vec<_> = std::iter::once(0..self.layout.total()).collect();
             let whole = ck.read_node(node, &all)?;
-            let owned = |v: &[f32]| -> Vec<f32> {
-                self.owned
-                    .iter()
-                    .flat_map(|r| v[r.clone()].iter().copied())
-                    .collect()
-            };
             let tensors = whole
                 .state
                 .iter()
-                .map(|(name, v)| (name.clone(), owned(v)))
+                .map(|(name, v)| (name.clone(), self.held.owned_of(v)))
                 .collect();
             self.opt
                 .import_state(ExportedState {
@@ -597,10 +590,10 @@ impl<M: Module> Trainer<M> {
                     path: ck.dir.clone(),
                     reason,
                 })?;
-            self.params = whole.params;
-            self.master = super::owned_master(self.cfg.strategy, &self.owned, &self.params);
+            self.held.params = whole.params;
+            self.reset_master();
         }
-        let o = self.outer.as_mut().expect("diloco state");
+        let o = self.sync.outer_mut().expect("diloco state");
         o.anchor = outer.anchor;
         o.momentum = outer.momentum;
         o.inner_done = outer.inner_done;

@@ -9,21 +9,22 @@
 //! rank's shard, free the unit. Then each rank steps its shard; nothing is gathered after the
 //! update (the next forward gathers).
 //!
-//! HSDP is the same step with the scope of the two collectives narrowed: units are gathered
-//! inside the node only (`node_gather`) and gradients reduced with `hybrid_reduce`, so a rank
+//! HSDP is the same step with the scope of the two collectives narrowed ([`Reach`]): units are
+//! gathered inside the node only and gradients reduced with the hybrid reduction, so a rank
 //! owns its node pieces of each unit and only the gradient reduction crosses nodes.
 
 use super::{TrainError, Trainer, TrainerConfig};
+use crate::clock::{Phase, StepClock};
 use crate::flat::{FlatEntry, FlatLayout};
-use crate::strategy::Strategy;
+use crate::strategy::Reach;
 use crate::units::{Act, Units};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor, TensorData};
 use std::collections::VecDeque;
 use std::ops::Range;
-use std::time::{Duration, Instant};
-use wiretrain_comm::{ProcessGroup, ReduceOp, WireDtype, Work};
+use std::time::Instant;
+use wiretrain_comm::{ProcessGroup, Work};
 
 /// Unit ranges of the flat layout: unit `u` owns a contiguous run of entries, units in order.
 pub(super) fn unit_ranges<M: Units>(
@@ -121,87 +122,15 @@ pub(super) fn free_all<M: Module>(mut model: M, layout: &FlatLayout, units: &[Ra
     model
 }
 
-/// Waits for `w`, adding the wait to `comm` (and a span to the trace).
-fn timed<T>(w: Work<T>, comm: &mut Duration) -> Result<T, TrainError> {
-    let _s = crate::trace::span(format!("wait {}", w.id()), "comm");
-    let t = Instant::now();
-    let v = w.wait()?;
-    *comm += t.elapsed();
-    Ok(v)
-}
-
-/// The ranges of a unit (or bucket) of `len` elements this rank owns: its shard (ZeRO-1/2/3),
-/// or its node pieces when `node` scope is asked for (hybrid, HSDP). The helpers below are
-/// shared by every sharded strategy.
-pub(super) fn unit_pieces(pg: &ProcessGroup, hsdp: bool, len: usize) -> Vec<Range<usize>> {
-    if hsdp {
-        pg.node_pieces(len)
-    } else {
-        vec![pg.shard_range(len)]
-    }
-}
-
-pub(super) fn unit_share(pg: &ProcessGroup, hsdp: bool, len: usize) -> usize {
-    unit_pieces(pg, hsdp, len).iter().map(|r| r.len()).sum()
-}
-
-/// Starts gathering a unit of `len` elements from every rank's share (`share`: this rank's,
-/// concatenated): across all ranks (ZeRO-3) or inside the node only (HSDP).
-pub(super) fn issue_gather(
-    pg: &mut ProcessGroup,
-    hsdp: bool,
-    wire: WireDtype,
-    share: &[f32],
-    len: usize,
-) -> Work<Vec<f32>> {
-    let mut buf = vec![0.0f32; len];
-    let mut at = 0;
-    for r in unit_pieces(pg, hsdp, len) {
-        let n = r.len();
-        buf[r].copy_from_slice(&share[at..at + n]);
-        at += n;
-    }
-    let prev = pg.set_wire_dtype(wire);
-    let w = if hsdp {
-        pg.node_gather_in_place(buf)
-    } else {
-        pg.all_gather_in_place(buf)
-    };
-    pg.set_wire_dtype(prev);
-    w
-}
-
-/// Starts the mean reduction of a unit's full gradient so that this rank ends with its share.
-/// The wire dtype applies to this collective only (bookkeeping collectives stay f32).
-pub(super) fn issue_reduce(
-    pg: &mut ProcessGroup,
-    hsdp: bool,
-    wire: WireDtype,
-    flat: Vec<f32>,
-) -> Work<Vec<f32>> {
-    let prev = pg.set_wire_dtype(wire);
-    let w = if hsdp {
-        pg.hybrid_reduce_in_place(flat, ReduceOp::Mean)
-    } else {
-        pg.reduce_scatter_in_place(flat, ReduceOp::Mean)
-    };
-    pg.set_wire_dtype(prev);
-    w
-}
-
-/// Copies this rank's share of a reduced unit buffer into `out`.
-pub(super) fn take_share(pg: &ProcessGroup, hsdp: bool, buf: &[f32], out: &mut [f32]) {
-    let mut at = 0;
-    for r in unit_pieces(pg, hsdp, buf.len()) {
-        let n = r.len();
-        out[at..at + n].copy_from_slice(&buf[r]);
-        at += n;
-    }
+/// Waits for `w` as `phase` (a unit gather or a gradient reduction).
+fn timed<T>(clock: &StepClock, phase: Phase, w: Work<T>) -> Result<T, TrainError> {
+    let _wait = clock.enter(phase, format!("wait {}", w.id()));
+    Ok(w.wait()?)
 }
 
 impl<M: Units> Trainer<M> {
     /// Like [`Trainer::new`], for a model cut into [`Units`]; the only way to build a
-    /// [`Strategy::Zero3`] trainer. Fails when the unit split does not follow module order.
+    /// [`crate::strategy::Strategy::Zero3`] trainer. Fails when the unit split does not follow module order.
     pub fn with_units(
         model: M,
         device: &Device,
@@ -230,21 +159,19 @@ impl<M: Units> Trainer<M> {
                 loss_fn(x)
             });
         }
-        let t0 = Instant::now();
+        let clock = StepClock::since(Instant::now());
         self.sent_at_start = self.pg.bytes_sent();
-        let mut gather_wait = Duration::ZERO;
-        let units = self.buckets.clone();
+        let units = self.held.buckets.clone();
         let n = units.len();
         let ahead = self.cfg.prefetch;
-        let mut comm = Duration::ZERO;
         let mut model = self.model.take().expect("model present between steps");
-        let hsdp = self.cfg.strategy == Strategy::Hsdp;
+        let reach = Reach::of(self.cfg.strategy.scope());
         // Offsets of each unit's share inside this rank's concatenated share vector.
         let mut at = 0;
         let shard_of: Vec<Range<usize>> = units
             .iter()
             .map(|u| {
-                let s = at..at + unit_share(&self.pg, hsdp, u.len());
+                let s = at..at + reach.share(&self.pg, u.len());
                 at = s.end;
                 s
             })
@@ -262,15 +189,15 @@ impl<M: Units> Trainer<M> {
         for u in 0..n {
             let sp = crate::trace::span("issue gathers", "comm");
             while next < n && next <= u + ahead {
-                let share = &self.params[shard_of[next].clone()];
-                let w = issue_gather(&mut self.pg, hsdp, self.cfg.wire, share, units[next].len());
+                let share = &self.held.params[shard_of[next].clone()];
+                let w = reach.gather(&mut self.pg, self.cfg.wire, share, units[next].len());
                 gathers.push_back((next, w));
                 next += 1;
             }
             drop(sp);
             let (gu, w) = gathers.pop_front().expect("unit gather issued");
             debug_assert_eq!(gu, u);
-            let full = timed(w, &mut gather_wait)?;
+            let full = timed(&clock, Phase::Gather, w)?;
             let fwd = crate::trace::span(format!("forward unit {u}"), "compute");
             model = set_unit(model, &self.layout, &units[u], Some(&full));
             drop(full);
@@ -292,7 +219,7 @@ impl<M: Units> Trainer<M> {
             }
         }
         // Backward, last unit first; backward gathers are issued in reverse order.
-        let owned_len: usize = self.owned.iter().map(|r| r.len()).sum();
+        let owned_len: usize = self.held.owned.iter().map(|r| r.len()).sum();
         let mut gshard = vec![0.0f32; owned_len];
         let mut pending: Option<(usize, Work<Vec<f32>>)> = None;
         let mut back: VecDeque<(usize, Work<Vec<f32>>)> = VecDeque::new();
@@ -303,14 +230,8 @@ impl<M: Units> Trainer<M> {
             let sp = crate::trace::span("issue gathers", "comm");
             while next_back > 0 && next_back + ahead > u {
                 next_back -= 1;
-                let share = &self.params[shard_of[next_back].clone()];
-                let w = issue_gather(
-                    &mut self.pg,
-                    hsdp,
-                    self.cfg.wire,
-                    share,
-                    units[next_back].len(),
-                );
+                let share = &self.held.params[shard_of[next_back].clone()];
+                let w = reach.gather(&mut self.pg, self.cfg.wire, share, units[next_back].len());
                 back.push_back((next_back, w));
             }
             drop(sp);
@@ -323,7 +244,7 @@ impl<M: Units> Trainer<M> {
             } else {
                 let (gu, w) = back.pop_front().expect("unit gather issued");
                 debug_assert_eq!(gu, u);
-                let full = timed(w, &mut gather_wait)?;
+                let full = timed(&clock, Phase::Gather, w)?;
                 let _s = crate::trace::span(format!("backward unit {u}"), "compute");
                 model = set_unit(model, &self.layout, &units[u], Some(&full));
                 drop(full);
@@ -348,7 +269,7 @@ impl<M: Units> Trainer<M> {
             let mut flat = Vec::new();
             self.layout
                 .flatten_grads(&mut gp, units[u].clone(), &mut flat);
-            super::weigh(&mut flat, self.sample_weight);
+            crate::strategy::weigh(&mut flat, self.sample_weight);
             drop(gp);
             drop(sf);
             let fr = crate::trace::span(format!("free unit {u}"), "compute");
@@ -356,38 +277,22 @@ impl<M: Units> Trainer<M> {
             drop(fr);
             // One unit's reduce-scatter in flight while the next unit computes.
             if let Some((pu, w)) = pending.take() {
-                let buf = timed(w, &mut comm)?;
-                take_share(&self.pg, hsdp, &buf, &mut gshard[shard_of[pu].clone()]);
+                let buf = timed(&clock, Phase::Comm, w)?;
+                reach.take_share(&self.pg, &buf, &mut gshard[shard_of[pu].clone()]);
             }
             let _s = crate::trace::span("issue reduce", "comm");
-            pending = Some((u, issue_reduce(&mut self.pg, hsdp, self.cfg.wire, flat)));
+            pending = Some((u, reach.reduce(&mut self.pg, self.cfg.wire, flat)));
         }
         if let Some((pu, w)) = pending.take() {
-            let buf = timed(w, &mut comm)?;
-            take_share(&self.pg, hsdp, &buf, &mut gshard[shard_of[pu].clone()]);
+            let buf = timed(&clock, Phase::Comm, w)?;
+            reach.take_share(&self.pg, &buf, &mut gshard[shard_of[pu].clone()]);
         }
-        comm += gather_wait;
-        self.gather_wait = gather_wait;
-        let compute = t0.elapsed().saturating_sub(comm);
-        let t_opt = Instant::now();
-        let sp = crate::trace::span("optimizer", "optim");
-        let opts = crate::optim::StepOpts {
-            grad_scale: 1.0,
-            readback: self.cfg.wire,
-        };
-        self.opt
-            .step_with(self.cfg.lr, &mut self.params, &gshard, opts)
-            .map_err(TrainError::Optimizer)?;
-        drop(sp);
-        let opt_time = t_opt.elapsed();
-        self.finish_sharded(
-            model,
-            t0,
-            loss_val.unwrap_or(f32::NAN),
-            compute,
-            comm,
-            opt_time,
-        )
+        // Compute is what the step did besides waiting for its collectives.
+        let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
+        clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
+        let (mut cx, sync, held) = self.sync_cx(&clock);
+        sync.update(&mut cx, held, &gshard, 1.0)?;
+        self.finish_step(model, loss_val.unwrap_or(f32::NAN), &clock)
     }
 }
 
@@ -396,6 +301,7 @@ mod tests {
     use super::*;
     use crate::data::DistributedSampler;
     use crate::models::char_lm::{CharLm, CharLmConfig, Corpus};
+    use crate::strategy::Strategy;
     use wiretrain_comm::{Node, NodeConfig, tls::Token};
 
     /// Final flat parameters and per-step losses of `steps` steps of a tiny char-lm, with

@@ -1,0 +1,147 @@
+//! DiLoCo (Douillard et al. 2023) as a wrapper around an inner sync: the inner steps reduce
+//! inside the node only (DDP or hybrid there); every `inner_steps` steps the nodes average
+//! their parameter deltas, in the wire dtype (the only bytes between nodes), and apply an
+//! outer Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m).
+
+use super::sync::{GradSync, Held, SyncCx};
+use crate::clock::Phase;
+use crate::error::TrainError;
+use burn::optim::GradientsParams;
+use serde::Serialize;
+use std::ops::Range;
+use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp};
+
+/// DiLoCo's outer loop: defaults outer lr 0.7, momentum 0.9.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Diloco {
+    /// Inner (local) optimizer steps per outer step (H).
+    pub inner_steps: usize,
+    pub outer_lr: f32,
+    pub outer_momentum: f32,
+}
+
+impl Default for Diloco {
+    fn default() -> Self {
+        Self {
+            inner_steps: 50,
+            outer_lr: 0.7,
+            outer_momentum: 0.9,
+        }
+    }
+}
+
+/// DiLoCo's state: the parameters at the start of the round and the outer momentum.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct OuterState {
+    pub anchor: Vec<f32>,
+    pub momentum: Vec<f32>,
+    pub inner_done: usize,
+}
+
+/// The wrapper: `inner` runs every step, the outer step every `cfg.inner_steps`.
+pub(crate) struct DilocoSync {
+    inner: Box<dyn GradSync>,
+    cfg: Diloco,
+    outer: OuterState,
+}
+
+impl DilocoSync {
+    /// A first round that starts at `params`.
+    pub fn new(inner: Box<dyn GradSync>, cfg: Diloco, params: &[f32]) -> Self {
+        Self {
+            inner,
+            cfg,
+            outer: OuterState {
+                anchor: params.to_vec(),
+                momentum: vec![0.0; params.len()],
+                inner_done: 0,
+            },
+        }
+    }
+
+    /// Counts an inner step and, at the end of a round, runs the outer step.
+    fn outer_step(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+        let outer = &mut self.outer;
+        outer.inner_done += 1;
+        if !outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
+            return Ok(());
+        }
+        let _s = cx.clock.enter(Phase::Comm, "outer step");
+        let delta: Vec<f32> = outer
+            .anchor
+            .iter()
+            .zip(&held.params)
+            .map(|(a, p)| a - p)
+            .collect();
+        let delta = cx
+            .pg
+            .call(CallOpts::wire(cx.wire).tag("diloco delta"))
+            .all_reduce(delta, ReduceOp::Mean)
+            .wait()?;
+        let (lr, mu) = (self.cfg.outer_lr, self.cfg.outer_momentum);
+        for (((a, m), p), g) in outer
+            .anchor
+            .iter_mut()
+            .zip(outer.momentum.iter_mut())
+            .zip(held.params.iter_mut())
+            .zip(&delta)
+        {
+            *m = mu * *m + g;
+            *a -= lr * (g + mu * *m);
+            *p = *a;
+        }
+        // The optimizer's master (the whole vector when replicated, the owned pieces when
+        // sharded inside the node) follows; the fused optimizer keeps its own copy on the
+        // device.
+        let master = if held.master.is_empty() {
+            &held.params
+        } else {
+            held.master = held.owned_of(&held.params);
+            &held.master
+        };
+        cx.opt.set_master(master).map_err(TrainError::Optimizer)
+    }
+}
+
+impl GradSync for DilocoSync {
+    fn owned(
+        &self,
+        pg: &ProcessGroup,
+        buckets: &[Range<usize>],
+        total: usize,
+    ) -> Vec<Range<usize>> {
+        self.inner.owned(pg, buckets, total)
+    }
+
+    fn reduce(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        held: &Held,
+        grads: &mut GradientsParams,
+    ) -> Result<Vec<f32>, TrainError> {
+        self.inner.reduce(cx, held, grads)
+    }
+
+    fn update(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        held: &mut Held,
+        grad: &[f32],
+        grad_scale: f32,
+    ) -> Result<(), TrainError> {
+        self.inner.update(cx, held, grad, grad_scale)?;
+        self.outer_step(cx, held)
+    }
+
+    fn refresh(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+        self.inner.refresh(cx, held)
+    }
+
+    fn outer(&self) -> Option<&OuterState> {
+        Some(&self.outer)
+    }
+
+    fn outer_mut(&mut self) -> Option<&mut OuterState> {
+        Some(&mut self.outer)
+    }
+}

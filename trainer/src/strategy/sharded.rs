@@ -1,0 +1,143 @@
+//! Stages 1-3 at world or node scope (ZeRO-1/2/3, hybrid, HSDP): each rank owns its pieces of
+//! every bucket (its shard, or its node pieces) and keeps optimizer state for those only.
+//!
+//! * Stage 1 issues every bucket's reduction and waits for them together.
+//! * Stage 2 waits for each bucket's reduction before flattening the next, so a rank holds
+//!   its gradient shard plus one bucket.
+//! * Stages 1-2 then step the f32 master of the owned pieces and gather every rank's pieces
+//!   (in the wire dtype) into the parameters the model computes with.
+//! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`trainer::zero3`) reduces
+//!   through the same [`Reach`], and this sync only steps the shard.
+
+use super::sync::{GradSync, Held, SyncCx, weigh};
+use super::{Reach, Stage, Strategy};
+use crate::clock::Phase;
+use crate::error::TrainError;
+use crate::optim::StepOpts;
+use burn::optim::GradientsParams;
+use std::ops::Range;
+use wiretrain_comm::{ProcessGroup, Work};
+
+/// The sharded sync of `stage` (1, 2 or 3) over `reach`.
+pub(crate) struct Sharded {
+    pub stage: Stage,
+    pub reach: Reach,
+}
+
+impl Sharded {
+    /// Gathers every rank's pieces of every bucket (its master, in the wire dtype) into the
+    /// parameters the model computes with, all buckets in flight at once.
+    fn gather(&self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+        let issue = cx.clock.enter(Phase::Comm, "issue gathers");
+        let mut works = Vec::with_capacity(held.buckets.len());
+        let mut at = 0;
+        for b in &held.buckets {
+            let n = self.reach.share(cx.pg, b.len());
+            let w = self
+                .reach
+                .gather(cx.pg, cx.wire, &held.master[at..at + n], b.len());
+            at += n;
+            works.push((b.clone(), w));
+        }
+        drop(issue);
+        for (b, w) in works {
+            let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
+            let full = w.wait()?;
+            held.params[b].copy_from_slice(&full);
+        }
+        Ok(())
+    }
+}
+
+impl GradSync for Sharded {
+    fn owned(&self, pg: &ProcessGroup, buckets: &[Range<usize>], _: usize) -> Vec<Range<usize>> {
+        self.reach.owned(pg, buckets)
+    }
+
+    fn reduce(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        held: &Held,
+        grads: &mut GradientsParams,
+    ) -> Result<Vec<f32>, TrainError> {
+        if self.stage == Stage::Parameters {
+            let strategy = if self.reach == Reach::World {
+                Strategy::Zero3
+            } else {
+                Strategy::Hsdp
+            };
+            return Err(TrainError::NeedsUnits {
+                strategy,
+                use_instead: "Trainer::step_units",
+            });
+        }
+        let mut gshard = vec![0.0f32; held.owned_len()];
+        let mut at = 0;
+        let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
+        for b in &held.buckets {
+            let flatten = cx.clock.enter(Phase::Compute, "flatten bucket");
+            let mut flat = Vec::new();
+            cx.layout.flatten_grads(grads, b.clone(), &mut flat);
+            weigh(&mut flat, cx.sample_weight);
+            drop(flatten);
+            let n = self.reach.share(cx.pg, b.len());
+            let issue = cx.clock.enter(Phase::Comm, "issue reduce");
+            let w = self.reach.reduce(cx.pg, cx.wire, flat);
+            drop(issue);
+            if self.stage == Stage::OptimizerState {
+                pending.push((at, w));
+            } else {
+                // ZeRO-2: the full bucket is reduced and dropped before the next exists.
+                let wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
+                let buf = w.wait()?;
+                drop(wait);
+                self.reach.take_share(cx.pg, &buf, &mut gshard[at..at + n]);
+            }
+            at += n;
+        }
+        for (off, w) in pending {
+            let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
+            let buf = w.wait()?;
+            let n = self.reach.share(cx.pg, buf.len());
+            self.reach
+                .take_share(cx.pg, &buf, &mut gshard[off..off + n]);
+        }
+        Ok(gshard)
+    }
+
+    fn update(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        held: &mut Held,
+        grad: &[f32],
+        grad_scale: f32,
+    ) -> Result<(), TrainError> {
+        // Only the gathered (wire-rounded) values leave the optimizer: when fused, the f32
+        // master stays on the device and the cast kernel narrows the read-back.
+        let opts = StepOpts {
+            grad_scale,
+            readback: cx.wire,
+        };
+        let target = if self.stage == Stage::Parameters {
+            &mut held.params
+        } else {
+            &mut held.master
+        };
+        let optim = cx.clock.enter(Phase::Optim, "optimizer");
+        cx.opt
+            .step_with(cx.lr, target, grad, opts)
+            .map_err(TrainError::Optimizer)?;
+        drop(optim);
+        if self.stage == Stage::Parameters {
+            return Ok(());
+        }
+        self.gather(cx, held)
+    }
+
+    fn refresh(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+        if self.stage == Stage::Parameters {
+            return Ok(());
+        }
+        self.gather(cx, held)
+    }
+}

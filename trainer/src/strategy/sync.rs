@@ -1,0 +1,139 @@
+//! The gradient-sync trait every strategy implements ([`GradSync`]), what it works on during a
+//! step ([`Held`], [`SyncCx`]), and the choice of one from the configuration ([`sync_for`]).
+
+use super::diloco::{Diloco, DilocoSync};
+use super::{Reach, Stage, Strategy, ddp::Replicated, sharded::Sharded};
+use crate::clock::StepClock;
+use crate::error::TrainError;
+use crate::flat::FlatLayout;
+use crate::optim::ShardOptimizer;
+use burn::optim::GradientsParams;
+use std::ops::Range;
+use wiretrain_comm::{ProcessGroup, WireDtype};
+
+/// What a rank holds between steps.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    /// What the model computes with: the full flat vector (stages 0-2, identical on every
+    /// rank), or this rank's shard of every unit (stage 3).
+    pub params: Vec<f32>,
+    /// Stages 1-2: the f32 master of the owned elements (concatenated); `params` holds the
+    /// values the gather decoded, which a narrow wire dtype rounds. Empty otherwise.
+    pub master: Vec<f32>,
+    /// The element ranges this rank owns (and keeps optimizer state for), in bucket order.
+    pub owned: Vec<Range<usize>>,
+    /// The communication buckets (the units under stage 3).
+    pub buckets: Vec<Range<usize>>,
+}
+
+impl Held {
+    pub fn owned_len(&self) -> usize {
+        self.owned.iter().map(|r| r.len()).sum()
+    }
+
+    /// The owned elements of `params`, concatenated: the f32 master stages 1-2 keep.
+    pub fn owned_of(&self, params: &[f32]) -> Vec<f32> {
+        self.owned
+            .iter()
+            .flat_map(|r| params[r.clone()].iter().copied())
+            .collect()
+    }
+}
+
+/// What a sync works with during one step.
+pub(crate) struct SyncCx<'a> {
+    pub pg: &'a mut ProcessGroup,
+    pub layout: &'a FlatLayout,
+    pub opt: &'a mut ShardOptimizer,
+    pub clock: &'a StepClock,
+    /// Element type between nodes for gradient reductions and parameter gathers.
+    pub wire: WireDtype,
+    pub lr: f64,
+    /// This rank's gradient weight (see `Trainer::set_sample_weight`).
+    pub sample_weight: f32,
+}
+
+/// How a strategy communicates gradients and updates the parameters it owns.
+pub(crate) trait GradSync: Send {
+    /// The element ranges this rank owns of the job's `buckets` (of `total` elements).
+    fn owned(&self, pg: &ProcessGroup, buckets: &[Range<usize>], total: usize)
+    -> Vec<Range<usize>>;
+
+    /// Reduces this step's gradients (bucket by bucket, as they are flattened) and returns
+    /// the mean gradient over this rank's owned elements, concatenated.
+    fn reduce(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        held: &Held,
+        grads: &mut GradientsParams,
+    ) -> Result<Vec<f32>, TrainError>;
+
+    /// Steps the optimizer on the owned elements with `grad` (scaled by `grad_scale`) and
+    /// brings `held.params` up to date.
+    fn update(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        held: &mut Held,
+        grad: &[f32],
+        grad_scale: f32,
+    ) -> Result<(), TrainError>;
+
+    /// After a checkpoint load: makes `held.params` what a step's gather would give from the
+    /// owned masters (a collective for the sharded strategies).
+    fn refresh(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError>;
+
+    /// DiLoCo's outer state, when this sync is DiLoCo.
+    fn outer(&self) -> Option<&super::diloco::OuterState> {
+        None
+    }
+
+    fn outer_mut(&mut self) -> Option<&mut super::diloco::OuterState> {
+        None
+    }
+}
+
+/// The sync of `strategy`, wrapped in DiLoCo when `diloco` is set (then `params` is where its
+/// first round starts).
+pub(crate) fn sync_for(
+    strategy: Strategy,
+    diloco: Option<Diloco>,
+    params: &[f32],
+) -> Result<Box<dyn GradSync>, TrainError> {
+    let Some(d) = diloco else {
+        let reach = Reach::of(strategy.scope());
+        return Ok(match strategy.stage() {
+            Stage::Replicated => Box::new(Replicated { reach }),
+            stage => Box::new(Sharded { stage, reach }),
+        });
+    };
+    // DiLoCo's inner steps stay inside the node: replicated there, or sharded there.
+    let inner: Box<dyn GradSync> = match strategy {
+        Strategy::Ddp => Box::new(Replicated {
+            reach: Reach::NodeOnly,
+        }),
+        Strategy::Hybrid => Box::new(Sharded {
+            stage: Stage::Gradients,
+            reach: Reach::NodeOnly,
+        }),
+        _ => {
+            return Err(TrainError::Config(
+                "diloco runs on top of ddp or hybrid (inner steps replicate the model, or shard \
+                 it, inside a node)"
+                    .into(),
+            ));
+        }
+    };
+    if d.inner_steps == 0 {
+        return Err(TrainError::Config(
+            "diloco needs at least 1 inner step".into(),
+        ));
+    }
+    Ok(Box::new(DilocoSync::new(inner, d, params)))
+}
+
+/// Multiplies a rank's flattened gradient by its sample weight (no-op for 1).
+pub(crate) fn weigh(v: &mut [f32], w: f32) {
+    if w != 1.0 {
+        v.iter_mut().for_each(|x| *x *= w);
+    }
+}
