@@ -9,7 +9,7 @@
 use crate::balance::{Balance, SpeedBalancer};
 use crate::data::DistributedSampler;
 use crate::plot::{PlotPoint, plot_run};
-use crate::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
+use crate::trainer::{ConfigError, StepReport, TrainError, Trainer, TrainerConfig};
 use burn::module::Module;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;
@@ -175,11 +175,13 @@ pub fn fit<M: Module>(
     let leader = trainer.process_group().rank() == 0;
     let strategy = trainer.config().strategy;
     if run.accumulate > 1 && strategy.shards_params() {
-        return Err(FitError::Train(TrainError::Config(format!(
-            "accumulate {}: {strategy} runs one micro-batch per step (accumulation with sharded \
-             parameters is not built yet); use zero2 or hybrid to accumulate",
-            run.accumulate
-        ))));
+        return Err(FitError::Train(
+            ConfigError::AccumulateSharded {
+                micro: run.accumulate,
+                strategy,
+            }
+            .into(),
+        ));
     }
     if let Some(s) = &run.stop {
         trainer.set_stop_flag(s.clone());

@@ -95,7 +95,7 @@ fn is_usage(e: &anyhow::Error) -> bool {
                 Some(wiretrain::RunError::Job(_) | wiretrain::RunError::Device(_))
             )
             || match c.downcast_ref::<TrainError>() {
-                Some(TrainError::Config(_) | TrainError::NeedsUnits { .. }) => true,
+                Some(TrainError::Config(_)) => true,
                 Some(TrainError::Checkpoint(ck)) => in_use(ck),
                 _ => false,
             }

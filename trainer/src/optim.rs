@@ -25,6 +25,35 @@ use std::sync::Arc;
 use wiretrain_comm::WireDtype;
 use wiretrain_shaders::{AdamWHyper, AdamWShard, GpuBuf, Half, Kernels};
 
+/// What can go wrong in the optimizer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptimError {
+    /// wiretrain's kernels failed on the device (the fused step, or moving its master or
+    /// state between host and device).
+    #[error("fused AdamW on the device: {0}")]
+    Device(#[from] wiretrain_shaders::ShaderError),
+    /// Burn could not hand back a tensor's values.
+    #[error("reading {what} back: {reason}")]
+    ReadBack {
+        what: String,
+        reason: burn::tensor::TensorReadError,
+    },
+    /// A state tensor does not have one element per owned element.
+    #[error("optimizer state {name} has {len} elements, this rank owns {owned}")]
+    StateLength {
+        name: String,
+        len: usize,
+        owned: usize,
+    },
+    /// A state import lacks tensors or scalars of the optimizer's state.
+    #[error("the checkpoint lacks part of the {kind} state")]
+    StateMissing { kind: &'static str },
+    /// The step count does not fit the fused kernel's counter.
+    #[error("optimizer step count {0} is out of range")]
+    StepCount(usize),
+}
+
 /// The optimizer a run uses.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
@@ -219,7 +248,7 @@ impl ShardOptimizer {
     }
 
     /// Updates `params` in place from `grads` (both `len` long).
-    pub fn step(&mut self, lr: f64, params: &mut [f32], grads: &[f32]) -> Result<(), String> {
+    pub fn step(&mut self, lr: f64, params: &mut [f32], grads: &[f32]) -> Result<(), OptimError> {
         self.step_with(lr, params, grads, StepOpts::default())
     }
 
@@ -232,16 +261,14 @@ impl ShardOptimizer {
         params: &mut [f32],
         grads: &[f32],
         opts: StepOpts,
-    ) -> Result<(), String> {
+    ) -> Result<(), OptimError> {
         assert_eq!(params.len(), self.len);
         assert_eq!(grads.len(), self.len);
         if self.len == 0 {
             return Ok(());
         }
         if let Kind::Fused(f) = &mut self.kind {
-            return f
-                .step(lr, params, grads, opts)
-                .map_err(|e| format!("fused AdamW on the device: {e}"));
+            return Ok(f.step(lr, params, grads, opts)?);
         }
         let g = if opts.grad_scale == 1.0 {
             grads.to_vec()
@@ -267,34 +294,31 @@ impl ShardOptimizer {
         };
         let v = out
             .try_into_vec_as::<f32>()
-            .map_err(|e| format!("reading the optimizer output back: {e:?}"))?;
+            .map_err(|reason| OptimError::ReadBack {
+                what: "the optimizer output".into(),
+                reason,
+            })?;
         params.copy_from_slice(&v);
         Ok(())
     }
 
     /// Replaces the master (after an outer step changed the parameters): the fused path
     /// uploads it to the device; elsewhere the caller's parameters already are the master.
-    pub fn set_master(&mut self, params: &[f32]) -> Result<(), String> {
+    pub fn set_master(&mut self, params: &[f32]) -> Result<(), OptimError> {
         if let Kind::Fused(f) = &mut self.kind
             && let Some(s) = &f.shard
         {
-            f.kernels
-                .write(s.param(), params)
-                .map_err(|e| e.to_string())?;
+            f.kernels.write(s.param(), params)?;
         }
         Ok(())
     }
 
     /// The f32 master when the device holds it (fused path after its first step); `None`
     /// means the caller's parameters are the master.
-    pub fn device_master(&self) -> Result<Option<Vec<f32>>, String> {
+    pub fn device_master(&self) -> Result<Option<Vec<f32>>, OptimError> {
         match &self.kind {
             Kind::Fused(f) => match &f.shard {
-                Some(s) => f
-                    .kernels
-                    .read(s.param(), s.len())
-                    .map(Some)
-                    .map_err(|e| e.to_string()),
+                Some(s) => Ok(Some(f.kernels.read(s.param(), s.len())?)),
                 None => Ok(None),
             },
             _ => Ok(None),
@@ -311,7 +335,7 @@ impl ShardOptimizer {
 
     /// The optimizer state as named per-element tensors (each `len` long) and scalars, through
     /// Burn's own `RecordState` decomposition; empty before the first step.
-    pub fn export_state(&self) -> Result<ExportedState, String> {
+    pub fn export_state(&self) -> Result<ExportedState, OptimError> {
         let mut sink = StateSink::default();
         match &self.kind {
             Kind::AdamW(b) => {
@@ -332,15 +356,16 @@ impl ShardOptimizer {
         }
         let mut tensors = Vec::with_capacity(sink.tensors.len());
         for (name, data) in sink.tensors {
-            let v = data
-                .try_to_vec::<f32>()
-                .map_err(|e| format!("optimizer state {name}: {e:?}"))?;
+            let v = data.try_to_vec::<f32>().map_err(|e| OptimError::ReadBack {
+                what: format!("optimizer state {name}"),
+                reason: e.into(),
+            })?;
             if v.len() != self.len {
-                return Err(format!(
-                    "optimizer state {name} has {} elements, not one per owned element ({})",
-                    v.len(),
-                    self.len
-                ));
+                return Err(OptimError::StateLength {
+                    name,
+                    len: v.len(),
+                    owned: self.len,
+                });
             }
             tensors.push((name, v));
         }
@@ -354,7 +379,7 @@ impl ShardOptimizer {
 
     /// Replaces the state with `state` (tensors `len` long, as [`Self::export_state`] gives).
     /// An empty state means "no step taken yet".
-    pub fn import_state(&mut self, state: ExportedState) -> Result<(), String> {
+    pub fn import_state(&mut self, state: ExportedState) -> Result<(), OptimError> {
         if state.tensors.is_empty() && state.scalars.is_empty() {
             match &mut self.kind {
                 Kind::AdamW(b) => b.1 = None,
@@ -374,16 +399,16 @@ impl ShardOptimizer {
         let mut src = StateSource::new(scalars);
         for (name, v) in state.tensors {
             if v.len() != self.len {
-                return Err(format!(
-                    "optimizer state {name} has {} elements, this rank owns {}",
-                    v.len(),
-                    self.len
-                ));
+                return Err(OptimError::StateLength {
+                    name,
+                    len: v.len(),
+                    owned: self.len,
+                });
             }
             src.insert_tensor(name, TensorData::new(v, [self.len]));
         }
         let kind = self.kind();
-        let missing = || format!("the checkpoint lacks part of the {kind} state");
+        let missing = || OptimError::StateMissing { kind };
         match &mut self.kind {
             Kind::AdamW(b) => {
                 b.1 = Some(
@@ -402,10 +427,13 @@ impl ShardOptimizer {
                     .ok_or_else(missing)?;
                 let read = |t: Tensor<1>| {
                     t.try_into_vec_as::<f32>()
-                        .map_err(|e| format!("optimizer state: {e:?}"))
+                        .map_err(|reason| OptimError::ReadBack {
+                            what: "optimizer state".into(),
+                            reason,
+                        })
                 };
                 let mo = st.momentum;
-                let steps = u32::try_from(mo.time).map_err(|_| "step count out of range")?;
+                let steps = u32::try_from(mo.time).map_err(|_| OptimError::StepCount(mo.time))?;
                 // The host parameters become the master again at the next step.
                 f.shard = None;
                 f.pending = Some((read(mo.moment_1)?, read(mo.moment_2)?, steps));
@@ -486,12 +514,12 @@ impl Fused {
     }
 
     /// The state in Burn's AdamW form (for checkpoints), `None` before the first step.
-    fn burn_state(&self, device: &Device) -> Result<Option<AdamWState<1>>, String> {
+    fn burn_state(&self, device: &Device) -> Result<Option<AdamWState<1>>, OptimError> {
         let (m, v, t) = match (&self.shard, &self.pending) {
             (Some(s), _) => {
                 let k = &self.kernels;
-                let m: Vec<f32> = k.read(s.m(), s.len()).map_err(|e| e.to_string())?;
-                let v: Vec<f32> = k.read(s.v(), s.len()).map_err(|e| e.to_string())?;
+                let m: Vec<f32> = k.read(s.m(), s.len())?;
+                let v: Vec<f32> = k.read(s.v(), s.len())?;
                 (m, v, s.t)
             }
             (None, Some((m, v, t))) => (m.clone(), v.clone(), *t),

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, WireDtype};
 
-pub use crate::error::TrainError;
+pub use crate::error::{ConfigError, ModelMismatch, OtherRank, TrainError};
 pub use crate::strategy::diloco::Diloco;
 
 mod ckpt;
@@ -129,10 +129,11 @@ impl<M: Module> Trainer<M> {
         pg: ProcessGroup,
     ) -> Result<Self, TrainError> {
         if cfg.strategy.shards_params() {
-            return Err(TrainError::NeedsUnits {
+            return Err(ConfigError::NeedsUnits {
                 strategy: cfg.strategy,
                 use_instead: "Trainer::with_units",
-            });
+            }
+            .into());
         }
         Self::build(model, device, cfg, pg, None)
     }
@@ -145,10 +146,7 @@ impl<M: Module> Trainer<M> {
         units: Option<(Vec<Range<usize>>, FlatLayout)>,
     ) -> Result<Self, TrainError> {
         if cfg.bucket_bytes < 4 {
-            return Err(TrainError::Config(format!(
-                "bucket size {} bytes holds no element",
-                cfg.bucket_bytes
-            )));
+            return Err(ConfigError::BucketTooSmall(cfg.bucket_bytes).into());
         }
         let (unit_ranges, layout) = match units {
             Some((u, l)) => (Some(u), l),
@@ -252,7 +250,7 @@ impl<M: Module> Trainer<M> {
         if !self.cfg.strategy.shards_params() {
             return Ok(self.held.params.clone());
         }
-        let device_master = self.opt.device_master().map_err(TrainError::Optimizer)?;
+        let device_master = self.opt.device_master()?;
         let shard: &[f32] = device_master.as_deref().unwrap_or(&self.held.params);
         let reach = Reach::of(self.cfg.strategy.scope());
         let mut full = vec![0.0f32; self.layout.total()];
@@ -317,9 +315,7 @@ impl<M: Module> Trainer<M> {
         mut loss_fn: impl FnMut(&M, usize) -> Tensor<1>,
     ) -> Result<StepReport, TrainError> {
         if micro == 0 {
-            return Err(TrainError::Config(
-                "accumulation needs at least one micro-batch".into(),
-            ));
+            return Err(ConfigError::NoMicroBatch.into());
         }
         let (clock, model) = self.begin_whole_step()?;
         let mut local_loss = 0.0f32;
@@ -365,10 +361,11 @@ impl<M: Module> Trainer<M> {
     /// takes the model out for the forward and backward passes.
     fn begin_whole_step(&mut self) -> Result<(StepClock, M), TrainError> {
         if self.cfg.strategy.shards_params() {
-            return Err(TrainError::NeedsUnits {
+            return Err(ConfigError::NeedsUnits {
                 strategy: self.cfg.strategy,
                 use_instead: "Trainer::step_units",
-            });
+            }
+            .into());
         }
         self.sent_at_start = self.pg.bytes_sent();
         let model = self.model.take().expect("model present between steps");
@@ -488,23 +485,25 @@ fn check_agreement(pg: &mut ProcessGroup, layout: &FlatLayout) -> Result<(), Tra
     let counts = pg.all_gather_bytes(&(n as u64).to_le_bytes())?;
     let count = |b: &[u8]| b.try_into().map(u64::from_le_bytes).unwrap_or(u64::MAX) as usize;
     if let Some((r, c)) = counts.iter().enumerate().find(|(_, c)| count(c) != n) {
-        return Err(TrainError::ModelMismatch(format!(
-            "rank {} has {} float parameters, rank {r} has {}",
-            pg.rank(),
-            n,
-            count(c)
-        )));
+        return Err(ModelMismatch::Count {
+            rank: pg.rank(),
+            count: n,
+            other: r,
+            other_count: count(c),
+        }
+        .into());
     }
     let mine: Vec<u8> = sig.iter().flat_map(|h| h.to_le_bytes()).collect();
     let root = pg.broadcast_bytes(&mine, 0)?;
     if let Some(i) = (0..n).find(|&i| root.get(4 * i..4 * i + 4) != mine.get(4 * i..4 * i + 4)) {
         let e = &layout.entries()[i];
-        return Err(TrainError::ModelMismatch(format!(
-            "parameter #{i} differs between rank 0 and rank {}: here it is {:?} with shape {:?}",
-            pg.rank(),
-            e.path,
-            e.shape
-        )));
+        return Err(ModelMismatch::Parameter {
+            index: i,
+            rank: pg.rank(),
+            path: e.path.clone(),
+            shape: e.shape.clone(),
+        }
+        .into());
     }
     Ok(())
 }

@@ -57,9 +57,7 @@ impl GradSync for Replicated {
             grad_scale,
             readback: WireDtype::F32,
         };
-        cx.opt
-            .step_with(cx.lr, &mut held.params, grad, opts)
-            .map_err(TrainError::Optimizer)
+        Ok(cx.opt.step_with(cx.lr, &mut held.params, grad, opts)?)
     }
 
     fn refresh(&mut self, _: &mut SyncCx<'_>, _: &mut Held) -> Result<(), TrainError> {

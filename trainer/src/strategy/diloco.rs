@@ -99,7 +99,7 @@ impl DilocoSync {
             held.master = held.owned_of(&held.params);
             &held.master
         };
-        cx.opt.set_master(master).map_err(TrainError::Optimizer)
+        Ok(cx.opt.set_master(master)?)
     }
 }
 

@@ -12,7 +12,7 @@
 use super::sync::{GradSync, Held, SyncCx, weigh};
 use super::{Reach, Stage, Strategy};
 use crate::clock::Phase;
-use crate::error::TrainError;
+use crate::error::{ConfigError, TrainError};
 use crate::optim::StepOpts;
 use burn::optim::GradientsParams;
 use std::ops::Range;
@@ -66,10 +66,11 @@ impl GradSync for Sharded {
             } else {
                 Strategy::Hsdp
             };
-            return Err(TrainError::NeedsUnits {
+            return Err(ConfigError::NeedsUnits {
                 strategy,
                 use_instead: "Trainer::step_units",
-            });
+            }
+            .into());
         }
         let mut gshard = vec![0.0f32; held.owned_len()];
         let mut at = 0;
@@ -124,9 +125,7 @@ impl GradSync for Sharded {
             &mut held.master
         };
         let optim = cx.clock.enter(Phase::Optim, "optimizer");
-        cx.opt
-            .step_with(cx.lr, target, grad, opts)
-            .map_err(TrainError::Optimizer)?;
+        cx.opt.step_with(cx.lr, target, grad, opts)?;
         drop(optim);
         if self.stage == Stage::Parameters {
             return Ok(());

@@ -4,7 +4,7 @@
 use super::diloco::{Diloco, DilocoSync};
 use super::{Reach, Stage, Strategy, ddp::Replicated, sharded::Sharded};
 use crate::clock::StepClock;
-use crate::error::TrainError;
+use crate::error::{ConfigError, TrainError};
 use crate::flat::FlatLayout;
 use crate::optim::ShardOptimizer;
 use burn::optim::GradientsParams;
@@ -115,18 +115,10 @@ pub(crate) fn sync_for(
             stage: Stage::Gradients,
             reach: Reach::NodeOnly,
         }),
-        _ => {
-            return Err(TrainError::Config(
-                "diloco runs on top of ddp or hybrid (inner steps replicate the model, or shard \
-                 it, inside a node)"
-                    .into(),
-            ));
-        }
+        other => return Err(ConfigError::DilocoStrategy(other).into()),
     };
     if d.inner_steps == 0 {
-        return Err(TrainError::Config(
-            "diloco needs at least 1 inner step".into(),
-        ));
+        return Err(ConfigError::DilocoInnerSteps.into());
     }
     Ok(Box::new(DilocoSync::new(inner, d, params)))
 }

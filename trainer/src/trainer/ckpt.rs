@@ -15,7 +15,7 @@
 //! inner state and so needs the same number of nodes; from a checkpoint without DiLoCo state
 //! it starts a new round at the loaded parameters.
 
-use super::{TrainError, Trainer};
+use super::{OtherRank, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
     CheckpointError, DilocoManifest, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
@@ -89,7 +89,7 @@ impl<M: Module> Trainer<M> {
 
     /// This rank's owned element ranges, the parameters over them and its optimizer state.
     fn shard_data(&self) -> Result<(ShardData, ExportedState), TrainError> {
-        let device = self.opt.device_master().map_err(TrainError::Optimizer)?;
+        let device = self.opt.device_master()?;
         let stage = self.cfg.strategy.stage();
         let params: Vec<f32> = match (device, stage) {
             // The fused optimizer holds the f32 master on the device.
@@ -99,7 +99,7 @@ impl<M: Module> Trainer<M> {
             (None, Stage::OptimizerState | Stage::Gradients) => self.held.master.clone(),
             (None, Stage::Replicated) => self.held.owned_of(&self.held.params),
         };
-        let mut state = self.opt.export_state().map_err(TrainError::Config)?;
+        let mut state = self.opt.export_state()?;
         let diloco = self.sync.outer().is_some();
         if !diloco && stage == Stage::Replicated {
             // DDP owns the whole vector; this rank writes its share of it.
@@ -221,9 +221,7 @@ impl<M: Module> Trainer<M> {
             .iter()
             .map(|b| serde_json::from_slice::<Wrote>(b))
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| {
-                TrainError::OtherRank(format!("a rank's checkpoint report is not readable: {e}"))
-            })?;
+            .map_err(OtherRank::UnreadableReport)?;
         let failed: Vec<usize> = (0..world)
             .filter(|&r| matches!(reports[r], Wrote::Failed))
             .collect();
@@ -231,10 +229,11 @@ impl<M: Module> Trainer<M> {
             return Err(e.into());
         }
         if !failed.is_empty() {
-            return Err(TrainError::OtherRank(format!(
-                "checkpoint of step {step} not written: rank(s) {failed:?} could not write their \
-                 shard (older checkpoints are untouched)"
-            )));
+            return Err(OtherRank::ShardsNotWritten {
+                step,
+                ranks: failed,
+            }
+            .into());
         }
         let mut status = 0.0f32;
         if rank == 0 {
@@ -308,9 +307,7 @@ impl<M: Module> Trainer<M> {
             status = self.pg.broadcast(vec![status], 0).wait()?[0];
         }
         if status != 0.0 {
-            return Err(TrainError::OtherRank(format!(
-                "checkpoint of step {step}: rank 0 could not write the manifest"
-            )));
+            return Err(OtherRank::ManifestNotWritten { step }.into());
         }
         Ok(dir)
     }
@@ -359,10 +356,10 @@ impl<M: Module> Trainer<M> {
         let steps: Vec<usize> = match serde_json::from_slice::<Result<Vec<u64>, ()>>(&got) {
             Ok(Ok(steps)) => steps.into_iter().map(|s| s as usize).collect(),
             _ => {
-                return Err(TrainError::OtherRank(format!(
-                    "rank 0 could not read the checkpoints in {}",
-                    root.display()
-                )));
+                return Err(OtherRank::ListUnreadable {
+                    root: root.to_path_buf(),
+                }
+                .into());
             }
         };
         let mut first_err = None;
@@ -398,11 +395,11 @@ impl<M: Module> Trainer<M> {
                 }
                 Err(e) if all[1] > 0.0 => return Err(e),
                 _ if all[1] > 0.0 => {
-                    return Err(TrainError::OtherRank(format!(
-                        "{} rank(s) found checkpoint {} unfit for this run (their errors are above)",
-                        all[1],
-                        dir.display()
-                    )));
+                    return Err(OtherRank::CheckpointUnfit {
+                        ranks: all[1] as usize,
+                        dir: dir.to_path_buf(),
+                    }
+                    .into());
                 }
                 res => {
                     if self.pg.rank() == 0 {
@@ -422,10 +419,10 @@ impl<M: Module> Trainer<M> {
         match first_err {
             Some(e) => Err(e),
             None if none_listed => Ok(None),
-            None => Err(TrainError::OtherRank(format!(
-                "no checkpoint in {} could be loaded by every rank (their errors are above)",
-                root.display()
-            ))),
+            None => Err(OtherRank::NoneLoadable {
+                root: root.to_path_buf(),
+            }
+            .into()),
         }
     }
 
@@ -455,10 +452,10 @@ impl<M: Module> Trainer<M> {
             .wait()?[0];
         mine?;
         if failed != 0.0 {
-            return Err(TrainError::OtherRank(format!(
-                "rank 0 refused checkpoint directory {} (its error is above)",
-                root.display()
-            )));
+            return Err(OtherRank::DirRefused {
+                root: root.to_path_buf(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -475,10 +472,11 @@ impl<M: Module> Trainer<M> {
             .wait()?[0];
         res?;
         if failed > 0.0 {
-            return Err(TrainError::OtherRank(format!(
-                "{failed} rank(s) could not load checkpoint {} (their errors are above)",
-                dir.display()
-            )));
+            return Err(OtherRank::LoadFailed {
+                ranks: failed as usize,
+                dir: dir.to_path_buf(),
+            }
+            .into());
         }
         Ok(())
     }
@@ -505,7 +503,7 @@ impl<M: Module> Trainer<M> {
             })
             .map_err(|reason| CheckpointError::Mismatch {
                 path: ck.dir.clone(),
-                reason,
+                reason: reason.to_string(),
             })?;
         if self.cfg.strategy.shards_params() {
             self.held.params = data.params;
@@ -588,7 +586,7 @@ impl<M: Module> Trainer<M> {
                 })
                 .map_err(|reason| CheckpointError::Mismatch {
                     path: ck.dir.clone(),
-                    reason,
+                    reason: reason.to_string(),
                 })?;
             self.held.params = whole.params;
             self.reset_master();

@@ -15,6 +15,7 @@
 
 use super::{TrainError, Trainer, TrainerConfig};
 use crate::clock::{Phase, StepClock};
+use crate::error::ConfigError;
 use crate::flat::{FlatEntry, FlatLayout};
 use crate::strategy::Reach;
 use crate::units::{Act, Units};
@@ -33,24 +34,27 @@ pub(super) fn unit_ranges<M: Units>(
 ) -> Result<Vec<Range<usize>>, TrainError> {
     let n = model.num_units();
     if n == 0 {
-        return Err(TrainError::Config("a model with no units".into()));
+        return Err(ConfigError::NoUnits.into());
     }
     let mut ranges: Vec<Option<Range<usize>>> = vec![None; n];
     let mut last = 0;
     for e in layout.entries() {
         let u = model.unit_of(&e.path);
         if u >= n {
-            return Err(TrainError::Config(format!(
-                "parameter {:?} is put in unit {u}, but the model has {n} units",
-                e.path
-            )));
+            return Err(ConfigError::UnitOutOfRange {
+                path: e.path.clone(),
+                unit: u,
+                units: n,
+            }
+            .into());
         }
         if u < last {
-            return Err(TrainError::Config(format!(
-                "parameter {:?} is in unit {u} after a parameter of unit {last}; units must \
-                 follow module order",
-                e.path
-            )));
+            return Err(ConfigError::UnitOrder {
+                path: e.path.clone(),
+                unit: u,
+                previous: last,
+            }
+            .into());
         }
         last = u;
         let r = ranges[u].get_or_insert(e.offset..e.offset);
@@ -250,14 +254,8 @@ impl<M: Units> Trainer<M> {
                 drop(full);
                 let leaf = saved[u].fresh_leaf();
                 let y = model.forward_unit(u, leaf.clone());
-                let gin = g.take().ok_or_else(|| {
-                    TrainError::Config(format!("unit {} produced no input gradient", u + 1))
-                })?;
-                let s = y.surrogate(&gin).ok_or_else(|| {
-                    TrainError::Config(format!(
-                        "unit {u} must output a float activation matching its gradient"
-                    ))
-                })?;
+                let gin = g.take().ok_or(ConfigError::NoInputGradient(u + 1))?;
+                let s = y.surrogate(&gin).ok_or(ConfigError::UnitOutput(u))?;
                 let grads = s.backward();
                 g = if u > 0 { leaf.grad(&grads) } else { None };
                 grads
