@@ -27,6 +27,7 @@ mod dir;
 mod read;
 mod validate;
 mod write;
+pub(crate) use dir::prune_stalling;
 pub use dir::{ensure_unused, list_valid, move_aside, prune};
 pub use read::Checkpoint;
 use validate::validate;

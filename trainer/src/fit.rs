@@ -253,16 +253,17 @@ pub fn fit<M: Module>(
         }
         trainer.process_group().keep_history(true);
     }
-    let slow_rank = crate::hooks::slow_rank_ms(rank);
-    let slowdown = slowdown_hook(rank);
+    let faults = trainer.config().faults.clone();
+    let slow_rank = faults.rank_delay(rank);
+    let slowdown = faults.slowdown_of(rank);
     let mut per_sample_ms: Option<f64> = None;
     let world = trainer.process_group().world();
     let mut balancer = SpeedBalancer::new(run.global_batch);
     let mut shares: Option<Vec<usize>> = None;
     let mut t_iter = Instant::now();
     for step in start..run.steps {
-        if let Some(ms) = crate::hooks::slow_step_ms(node, step) {
-            std::thread::sleep(Duration::from_millis(ms));
+        if let Some(extra) = faults.step_delay(node, step) {
+            std::thread::sleep(extra);
         }
         let st = crate::trace::span(format!("step {step}"), "step");
         let sp = crate::trace::span("data", "data");
@@ -279,9 +280,9 @@ pub fn fit<M: Module>(
             }
         };
         drop(sp);
-        if let Some(ms) = slow_rank {
+        if let Some(extra) = slow_rank {
             let _s = crate::trace::span("slowed compute (test hook)", "compute");
-            std::thread::sleep(Duration::from_millis(ms));
+            std::thread::sleep(extra);
         }
         // The debug knob: this rank computes `f` times slower. The extra time is spent before
         // the step's collectives, like a slower device, scaled by this step's samples.
@@ -479,17 +480,6 @@ pub fn fit<M: Module>(
         first_loss,
         final_loss,
     })
-}
-
-/// `WIRETRAIN_DEBUG_SLOWDOWN=rank:factor` makes rank `rank` compute `factor` times slower
-/// (before each step's collectives it sleeps `factor - 1` times its last per-sample compute
-/// time per sample of the step, and counts it as compute): a stand-in for a slower card when
-/// trying `--balance speed`. Unset in normal runs.
-fn slowdown_hook(rank: usize) -> Option<f64> {
-    let v = std::env::var("WIRETRAIN_DEBUG_SLOWDOWN").ok()?;
-    let (r, f) = v.split_once(':')?;
-    let f: f64 = f.parse().ok()?;
-    (r.parse::<usize>().ok()? == rank && f.is_finite() && f >= 1.0).then_some(f)
 }
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps, peak live heap

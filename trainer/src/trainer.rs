@@ -51,6 +51,8 @@ pub struct TrainerConfig {
     /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
     /// there for the slowest writer); the longer of this and the collective timeout applies.
     pub checkpoint_timeout: std::time::Duration,
+    /// Injected faults and slowdowns (none by default; see [`crate::faults`]).
+    pub faults: crate::faults::Faults,
 }
 
 impl TrainerConfig {
@@ -65,6 +67,7 @@ impl TrainerConfig {
             fused_optimizer: true,
             diloco: None,
             checkpoint_timeout: std::time::Duration::from_secs(600),
+            faults: crate::faults::Faults::default(),
         }
     }
 }

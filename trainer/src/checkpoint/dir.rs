@@ -98,6 +98,17 @@ fn step_dirs(root: &Path) -> Result<Vec<(usize, PathBuf)>, CheckpointError> {
 /// `.removing-*` name before it is deleted, and the root is fsynced, so a crash mid-prune
 /// leaves either the whole checkpoint or a name no reader takes for one.
 pub fn prune(root: &Path, keep: usize, run_id: &str) -> Result<Vec<PathBuf>, CheckpointError> {
+    prune_stalling(root, keep, run_id, None)
+}
+
+/// [`prune`], stalling for `stall` (an injected fault, see [`crate::faults`]) between renaming
+/// a checkpoint aside and deleting it.
+pub(crate) fn prune_stalling(
+    root: &Path,
+    keep: usize,
+    run_id: &str,
+    stall: Option<std::time::Duration>,
+) -> Result<Vec<PathBuf>, CheckpointError> {
     // Finish what a crash interrupted: directories already renamed for removal.
     for ent in std::fs::read_dir(root).map_err(io(root))? {
         let p = ent.map_err(io(root))?.path();
@@ -126,8 +137,8 @@ pub fn prune(root: &Path, keep: usize, run_id: &str) -> Result<Vec<PathBuf>, Che
             let doomed = root.join(format!(".removing-{}", name.to_string_lossy()));
             std::fs::rename(&p, &doomed).map_err(io(&p))?;
             sync_dir(root)?;
-            if let Some(ms) = crate::hooks::stall_prune_ms() {
-                std::thread::sleep(std::time::Duration::from_millis(ms));
+            if let Some(stall) = stall {
+                std::thread::sleep(stall);
             }
             std::fs::remove_dir_all(&doomed).map_err(io(&doomed))?;
             removed.push(p);

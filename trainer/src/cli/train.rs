@@ -578,6 +578,8 @@ fn train_rank(ctx: RankContext, sh: Shared) -> Result<Option<usize>> {
     tc.bucket_bytes = sh.run.bucket_bytes;
     tc.prefetch = sh.run.prefetch;
     tc.wire = sh.run.wire;
+    // The binary is where the environment's injected faults enter (see wiretrain::faults).
+    tc.faults = wiretrain::faults::Faults::from_env();
     tc.fused_optimizer = sh.run.fused_optimizer;
     tc.diloco = sh.run.diloco;
     tc.checkpoint_timeout = sh.run.checkpoint_timeout;

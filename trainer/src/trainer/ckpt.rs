@@ -19,8 +19,8 @@ use super::{OtherRank, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
     CheckpointError, DilocoManifest, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
-    OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune, step_dir_name, write_manifest,
-    write_named, write_shard,
+    OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune_stalling, step_dir_name,
+    write_manifest, write_named, write_shard,
 };
 use crate::clock::StepClock;
 use crate::optim::ExportedState;
@@ -203,10 +203,10 @@ impl<M: Module> Trainer<M> {
                 Err(e) => mine = Some(Err(e)),
             }
         }
-        // Test hook for the crash-during-checkpoint fault test: stall between the shards and
-        // the manifest (the window in which a crash must not harm older checkpoints).
-        if let Some(ms) = crate::hooks::stall_checkpoint_ms(step, rank) {
-            std::thread::sleep(std::time::Duration::from_millis(ms));
+        // An injected stall between the shards and the manifest (the window in which a crash
+        // must not harm older checkpoints).
+        if let Some(stall) = self.cfg.faults.checkpoint_stall(step, rank) {
+            std::thread::sleep(stall);
         }
         // Every rank's outcome, as a record, to every rank (rank 0 writes the manifest).
         let report = match &mine {
@@ -288,7 +288,8 @@ impl<M: Module> Trainer<M> {
                 }
                 // A failed prune costs disk space, not data: the run goes on.
                 Ok(_) => {
-                    if let Err(e) = prune(root, keep, &self.run_id) {
+                    let stall = self.cfg.faults.stall_prune;
+                    if let Err(e) = prune_stalling(root, keep, &self.run_id, stall) {
                         tracing::warn!(
                             "checkpoint of step {step} written; pruning older ones: {e}"
                         );
