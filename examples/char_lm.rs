@@ -27,8 +27,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let device = wiretrain::device::select(spec)?.device.autodiff();
                 let mut sampler = DistributedSampler::new(corpus.len(), 32, pg.world(), rank, 1)?;
                 let model = CharLmConfig::new(corpus.vocab_size()).init(&device, 1);
-                let mut cfg = TrainerConfig::new(Strategy::Zero3);
-                cfg.lr = 3e-3;
+                let cfg = TrainerConfig::builder(Strategy::Zero3)
+                    .lr(3e-3)
+                    .build()
+                    .map_err(|e| e.to_string())?;
                 let mut trainer =
                     Trainer::with_units(model, &device, cfg, pg).map_err(|e| e.to_string())?;
                 for step in 0..steps {

@@ -264,16 +264,18 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         .unwrap_or_else(|| "ddp".into())
         .parse()
         .map_err(bad)?;
-    let mut cfg = TrainerConfig::new(strategy);
-    cfg.optim = OptimConfig::AdamW {
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    };
+    let cfg = TrainerConfig::builder(strategy)
+        .optim(OptimConfig::AdamW {
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        })
+        .build()
+        .map_err(|e| bad(format!("--strategy {strategy}: {e}")))?;
     // As a whole module (any Burn module), or unit by unit (zero3, hsdp). A strategy the
     // model cannot use is refused before the job starts.
-    let whole = args.iter().any(|a| a == "--whole") || !cfg.strategy.shards_params();
+    let whole = args.iter().any(|a| a == "--whole") || !cfg.strategy().shards_params();
     if whole {
         WiretrainStrategy::check(&cfg).map_err(|e| bad(format!("--strategy {strategy}: {e}")))?;
     }

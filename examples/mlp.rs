@@ -28,8 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let rank = pg.rank();
                 let device = wiretrain::device::select(spec)?.device.autodiff();
                 let mut sampler = DistributedSampler::new(data.len(), 64, pg.world(), rank, 1)?;
-                let mut cfg = TrainerConfig::new(Strategy::Zero2);
-                cfg.lr = 1e-2;
+                let cfg = TrainerConfig::builder(Strategy::Zero2)
+                    .lr(1e-2)
+                    .build()
+                    .map_err(|e| e.to_string())?;
                 let mut trainer = Trainer::new(Mlp::new(&device, 1), &device, cfg, pg)
                     .map_err(|e| e.to_string())?;
                 for step in 0..steps {

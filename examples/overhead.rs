@@ -40,8 +40,7 @@ fn main() -> Res<()> {
     ))?;
     let pg = node.take_groups().pop().ok_or("no process group")?;
     let lr = example.default_lr();
-    let mut cfg = TrainerConfig::new(Strategy::Ddp);
-    cfg.lr = lr;
+    let cfg = TrainerConfig::builder(Strategy::Ddp).lr(lr).build()?;
     let (plain, ours) = match example {
         Example::Mlp => {
             let data = Dataset::synthetic(4096, 1);

@@ -134,8 +134,7 @@ fn real_main() -> Result<(), Box<dyn std::error::Error>> {
         opts.stop = Some(ctx.stop.clone());
         let (rank, world) = (ctx.rank(), ctx.world());
         let sampler = DistributedSampler::new(data.len(), opts.global_batch, world, rank, 7)?;
-        let mut cfg = TrainerConfig::new(strategy);
-        cfg.lr = 1e-2;
+        let cfg = TrainerConfig::builder(strategy).lr(1e-2).build()?;
         let trainer = Trainer::new(Regressor::new(&device), &device, cfg, ctx.pg)?;
         let data = data.clone();
         let mut step = 0;

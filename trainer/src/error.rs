@@ -50,13 +50,17 @@ pub enum ModelMismatch {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConfigError {
+    #[error("lr {0} must be a positive number")]
+    Lr(f64),
     #[error("bucket size {0} bytes holds no element")]
     BucketTooSmall(usize),
+    #[error("prefetch {0} units ahead is more than 16")]
+    Prefetch(usize),
     #[error("accumulation needs at least one micro-batch")]
     NoMicroBatch,
     #[error(
-        "accumulate {micro}: {strategy} runs one micro-batch per step (accumulation with \
-         sharded parameters is not built yet); use zero2 or hybrid to accumulate"
+        "{strategy} runs one micro-batch per step, not {micro} (accumulation with sharded \
+         parameters is not built yet); use zero2 or hybrid to accumulate"
     )]
     AccumulateSharded { micro: usize, strategy: Strategy },
     /// The strategy shards parameters (ZeRO-3, HSDP): it needs a model cut into units and
@@ -73,6 +77,10 @@ pub enum ConfigError {
     DilocoStrategy(Strategy),
     #[error("diloco needs at least 1 inner step")]
     DilocoInnerSteps,
+    #[error("diloco outer lr {0} must be a positive number")]
+    OuterLr(f32),
+    #[error("diloco outer momentum {0} is outside [0, 1)")]
+    OuterMomentum(f32),
     #[error("a model with no units")]
     NoUnits,
     #[error("parameter {path:?} is put in unit {unit}, but the model has {units} units")]

@@ -9,6 +9,7 @@
 use crate::balance::{Balance, SpeedBalancer};
 use crate::data::DistributedSampler;
 use crate::plot::{PlotPoint, plot_run};
+use crate::strategy::Strategy;
 use crate::trainer::{ConfigError, StepReport, TrainError, Trainer, TrainerConfig};
 use burn::module::Module;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
@@ -122,12 +123,21 @@ pub struct Fitted<M: Module> {
     pub final_loss: Option<f64>,
 }
 
+/// Whether `micro` micro-batches per step work under `strategy` (a program can refuse the
+/// setting before its job starts; [`fit`] checks it too).
+pub fn check_accumulate(micro: usize, strategy: Strategy) -> Result<(), ConfigError> {
+    if micro > 1 && strategy.shards_params() {
+        return Err(ConfigError::AccumulateSharded { micro, strategy });
+    }
+    Ok(())
+}
+
 /// The strategy as a user names it (diloco runs on top of ddp or hybrid).
 pub fn strategy_name(cfg: &TrainerConfig) -> String {
-    if cfg.diloco.is_some() {
+    if cfg.diloco().is_some() {
         "diloco".into()
     } else {
-        cfg.strategy.to_string()
+        cfg.strategy().to_string()
     }
 }
 
@@ -173,16 +183,8 @@ pub fn fit<M: Module>(
     mut step_fn: impl FnMut(&mut Trainer<M>, &[usize]) -> Result<StepReport, TrainError>,
 ) -> Result<Fitted<M>, FitError> {
     let leader = trainer.process_group().rank() == 0;
-    let strategy = trainer.config().strategy;
-    if run.accumulate > 1 && strategy.shards_params() {
-        return Err(FitError::Train(
-            ConfigError::AccumulateSharded {
-                micro: run.accumulate,
-                strategy,
-            }
-            .into(),
-        ));
-    }
+    let strategy = trainer.config().strategy();
+    check_accumulate(run.accumulate, strategy).map_err(|e| FitError::Train(e.into()))?;
     if let Some(s) = &run.stop {
         trainer.set_stop_flag(s.clone());
     }
@@ -253,7 +255,7 @@ pub fn fit<M: Module>(
         }
         trainer.process_group().keep_history(true);
     }
-    let faults = trainer.config().faults.clone();
+    let faults = trainer.config().faults().clone();
     let slow_rank = faults.rank_delay(rank);
     let slowdown = faults.slowdown_of(rank);
     let mut per_sample_ms: Option<f64> = None;
@@ -412,7 +414,7 @@ pub fn fit<M: Module>(
         let mut summary = serde_json::json!({
             "summary": true,
             "strategy": strategy_name(trainer.config()),
-            "diloco": trainer.config().diloco,
+            "diloco": trainer.config().diloco(),
             "world": world,
             "steps": run.steps,
             "steps_done": steps_done,
@@ -427,8 +429,8 @@ pub fn fit<M: Module>(
             "median": medians(&split),
             "params_total": trainer.layout().total(),
             "largest_bucket_elems": trainer.largest_bucket(),
-            "prefetch": trainer.config().prefetch,
-            "wire_dtype": trainer.config().wire.name(),
+            "prefetch": trainer.config().prefetch(),
+            "wire_dtype": trainer.config().wire().name(),
             "optimizer": trainer.optimizer_path(),
             "kernels": trainer.kernel_counters(),
             "memory_per_rank": per_rank,

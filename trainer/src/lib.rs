@@ -20,8 +20,7 @@
 //! let pg = node.take_groups().pop().expect("one rank");
 //! let device = burn::tensor::Device::flex().autodiff();
 //! let mut sampler = DistributedSampler::new(data.len(), 32, pg.world(), pg.rank(), 1)?;
-//! let mut cfg = TrainerConfig::new(Strategy::Zero2);
-//! cfg.lr = 1e-2;
+//! let cfg = TrainerConfig::builder(Strategy::Zero2).lr(1e-2).build()?;
 //! let mut trainer = Trainer::new(Mlp::new(&device, 1), &device, cfg, pg)?;
 //! let mut losses = Vec::new();
 //! for step in 0..30 {

@@ -1,4 +1,4 @@
-//! The trainer: runs one optimizer step of a Burn module under a [`Strategy`] across the
+//! The trainer: runs one optimizer step of a Burn module under a [`Strategy`](crate::strategy::Strategy) across the
 //! ranks of a [`ProcessGroup`].
 //!
 //! A complete, tested example is in the crate documentation ([`crate`]); in short:
@@ -9,8 +9,8 @@
 
 use crate::clock::{Phase, StepClock};
 use crate::flat::FlatLayout;
-use crate::optim::{OptimConfig, ShardOptimizer};
-use crate::strategy::{GradSync, Held, Reach, Stage, Strategy, SyncCx, sync_for};
+use crate::optim::ShardOptimizer;
+use crate::strategy::{GradSync, Held, Reach, Stage, SyncCx, sync_for};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
@@ -25,52 +25,10 @@ pub use crate::error::{ConfigError, ModelMismatch, OtherRank, TrainError};
 pub use crate::strategy::diloco::Diloco;
 
 mod ckpt;
+mod config;
 mod zero3;
 
-/// How to train.
-#[derive(Debug, Clone)]
-pub struct TrainerConfig {
-    pub strategy: Strategy,
-    pub optim: OptimConfig,
-    pub lr: f64,
-    /// Bucket size in bytes (f32 elements × 4); 25 MiB like PyTorch DDP.
-    pub bucket_bytes: usize,
-    /// ZeRO-3: unit all-gathers in flight ahead of the unit computing (0 = no prefetch).
-    pub prefetch: usize,
-    /// Element type between nodes for gradient reductions and parameter gathers (f32, f16,
-    /// bf16, int8). Sums accumulate in f32; master weights and optimizer state stay f32 on
-    /// their owner; every rank computes with the same (decoded) parameters.
-    pub wire: WireDtype,
-    /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
-    /// device) instead of Burn's tensor ops. Same math; off for comparisons.
-    pub fused_optimizer: bool,
-    /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
-    /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
-    /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.
-    pub diloco: Option<Diloco>,
-    /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
-    /// there for the slowest writer); the longer of this and the collective timeout applies.
-    pub checkpoint_timeout: std::time::Duration,
-    /// Injected faults and slowdowns (none by default; see [`crate::faults`]).
-    pub faults: crate::faults::Faults,
-}
-
-impl TrainerConfig {
-    pub fn new(strategy: Strategy) -> Self {
-        Self {
-            strategy,
-            optim: OptimConfig::default(),
-            lr: 1e-3,
-            bucket_bytes: 25 << 20,
-            prefetch: 1,
-            wire: WireDtype::F32,
-            fused_optimizer: true,
-            diloco: None,
-            checkpoint_timeout: std::time::Duration::from_secs(600),
-            faults: crate::faults::Faults::default(),
-        }
-    }
-}
+pub use config::{TrainerConfig, TrainerConfigBuilder};
 
 /// Bytes a rank holds for model states (host copies included), as the ZeRO paper counts them.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -123,7 +81,7 @@ pub struct Trainer<M: Module> {
 
 impl<M: Module> Trainer<M> {
     /// Checks that every rank has the same model, starts every rank from rank 0's parameters
-    /// and allocates this rank's optimizer state. For [`Strategy::Zero3`] use
+    /// and allocates this rank's optimizer state. For [`Strategy::Zero3`](crate::strategy::Strategy::Zero3) use
     /// [`Trainer::with_units`].
     pub fn new(
         model: M,
@@ -148,9 +106,6 @@ impl<M: Module> Trainer<M> {
         mut pg: ProcessGroup,
         units: Option<(Vec<Range<usize>>, FlatLayout)>,
     ) -> Result<Self, TrainError> {
-        if cfg.bucket_bytes < 4 {
-            return Err(ConfigError::BucketTooSmall(cfg.bucket_bytes).into());
-        }
         let (unit_ranges, layout) = match units {
             Some((u, l)) => (Some(u), l),
             None => (None, FlatLayout::of(&model)),
@@ -161,7 +116,7 @@ impl<M: Module> Trainer<M> {
         let buckets = unit_ranges
             .clone()
             .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
-        let sync = sync_for(cfg.strategy, cfg.diloco, &params)?;
+        let sync = sync_for(cfg.strategy, cfg.diloco, &params);
         let owned = sync.owned(&pg, &buckets, layout.total());
         let mut held = Held {
             owned,

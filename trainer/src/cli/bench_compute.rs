@@ -115,8 +115,9 @@ pub fn run_rank(
         .take_groups()
         .pop()
         .context("a one-rank job has one group")?;
-    let mut tc = TrainerConfig::new(Strategy::Ddp);
-    tc.lr = example.default_lr();
+    let tc = TrainerConfig::builder(Strategy::Ddp)
+        .lr(example.default_lr())
+        .build()?;
     let seed = 1;
     let b = args.batch;
     let (params, seq, reports) = match example {

@@ -18,7 +18,7 @@ use wiretrain::models::Example;
 use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
 use wiretrain::models::mlp::{Dataset, Mlp};
 use wiretrain::strategy::Strategy;
-use wiretrain::trainer::{Diloco, Trainer, TrainerConfig};
+use wiretrain::trainer::{ConfigError, Diloco, Trainer, TrainerConfig};
 use wiretrain::units::{Act, Units};
 use wiretrain_comm::WireDtype;
 
@@ -177,36 +177,44 @@ struct FileConfig {
 #[derive(Debug, Clone)]
 struct Run {
     example: Example,
-    strategy: Strategy,
+    /// The trainer's settings, checked once by its builder.
+    trainer: TrainerConfig,
     steps: usize,
     global_batch: usize,
-    lr: f64,
     seed: u64,
     /// One per local rank, or a single one for all.
     device: Vec<DeviceSpec>,
     share_device: bool,
-    bucket_bytes: usize,
     accumulate: usize,
-    prefetch: usize,
-    wire: WireDtype,
-    fused_optimizer: bool,
     balance: Balance,
-    diloco: Option<Diloco>,
     plot: Option<PathBuf>,
     d_model: usize,
     layers: usize,
     checkpoint: Option<CheckpointPlan>,
-    checkpoint_timeout: std::time::Duration,
 }
 
 impl Run {
     /// The strategy as the user named it (diloco runs on top of ddp).
     fn strategy_name(&self) -> String {
-        if self.diloco.is_some() {
+        if self.trainer.diloco().is_some() {
             "diloco".into()
         } else {
-            self.strategy.to_string()
+            self.trainer.strategy().to_string()
         }
+    }
+}
+
+/// The flag behind a trainer configuration error (the builder checks what the flags set).
+fn flag_of(e: &ConfigError) -> &'static str {
+    match e {
+        ConfigError::Lr(_) => "--lr",
+        ConfigError::BucketTooSmall(_) => "--bucket-bytes",
+        ConfigError::Prefetch(_) => "--prefetch",
+        ConfigError::DilocoStrategy(_) => "--inner-strategy",
+        ConfigError::DilocoInnerSteps => "--inner-steps",
+        ConfigError::OuterLr(_) => "--outer-lr",
+        ConfigError::OuterMomentum(_) => "--outer-momentum",
+        _ => "the configuration",
     }
 }
 
@@ -249,20 +257,11 @@ impl TrainArgs {
                     .unwrap_or(d.outer_momentum),
             }
         });
-        if let Some(d) = &diloco {
-            if d.inner_steps == 0 {
-                usage!("--inner-steps must be at least 1");
-            }
-            if !(d.outer_lr.is_finite() && d.outer_lr > 0.0) {
-                usage!("--outer-lr: {} must be a positive number", d.outer_lr);
-            }
-            if !(0.0..1.0).contains(&d.outer_momentum) {
-                usage!("--outer-momentum: {} is outside [0, 1)", d.outer_momentum);
-            }
-        } else if self.inner_steps.is_some()
-            || self.outer_lr.is_some()
-            || self.outer_momentum.is_some()
-            || self.inner_strategy.is_some()
+        if diloco.is_none()
+            && (self.inner_steps.is_some()
+                || self.outer_lr.is_some()
+                || self.outer_momentum.is_some()
+                || self.inner_strategy.is_some())
         {
             usage!(
                 "--inner-steps, --inner-strategy, --outer-lr and --outer-momentum belong to \
@@ -270,19 +269,13 @@ impl TrainArgs {
             );
         }
         let strategy: Strategy = if diloco.is_some() {
-            match self
-                .inner_strategy
+            self.inner_strategy
                 .clone()
                 .or(file.inner_strategy)
                 .as_deref()
                 .unwrap_or("ddp")
-            {
-                "ddp" => Strategy::Ddp,
-                "hybrid" => Strategy::Hybrid,
-                other => usage!(
-                    "--inner-strategy: {other:?} is not ddp or hybrid (sharding inside the node)"
-                ),
-            }
+                .parse()
+                .map_err(|e| crate::cli::usage_error(format!("--inner-strategy: {e}")))?
         } else {
             strategy
                 .parse()
@@ -298,27 +291,17 @@ impl TrainArgs {
             parse_specs(&device).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
         let share_device = self.share_device || file.share_device.unwrap_or(false);
         let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
-        if !(lr.is_finite() && lr > 0.0) {
-            usage!("--lr: {lr} must be a positive number");
-        }
         let steps = self.steps.or(file.steps).unwrap_or(100);
         if steps == 0 {
             usage!("--steps must be at least 1");
         }
         let bucket_bytes = self.bucket_bytes.or(file.bucket_bytes).unwrap_or(25 << 20);
-        if bucket_bytes < 4 {
-            usage!("--bucket-bytes: {bucket_bytes} holds no f32 element");
-        }
         let accumulate = self.accumulate.or(file.accumulate).unwrap_or(1);
         if accumulate == 0 {
             usage!("--accumulate must be at least 1");
         }
-        if accumulate > 1 && strategy.shards_params() {
-            usage!(
-                "--accumulate: {strategy} runs one micro-batch per step (accumulation with sharded \
-                 parameters is not built yet); use zero2 or hybrid to accumulate"
-            );
-        }
+        wiretrain::fit::check_accumulate(accumulate, strategy)
+            .map_err(|e| crate::cli::usage_error(format!("--accumulate: {e}")))?;
         let d_model = self.d_model.or(file.d_model).unwrap_or(64);
         if d_model == 0 || !d_model.is_multiple_of(4) || d_model > 8192 {
             usage!(
@@ -330,9 +313,6 @@ impl TrainArgs {
             usage!("--layers: {layers} is outside 1..=64");
         }
         let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
-        if prefetch > 16 {
-            usage!("--prefetch: {prefetch} units ahead is more than 16");
-        }
         let wire: WireDtype = self
             .wire_dtype
             .clone()
@@ -404,24 +384,29 @@ impl TrainArgs {
             }
             Some(t) => usage!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
         };
+        let trainer = TrainerConfig::builder(strategy)
+            .lr(lr)
+            .bucket_bytes(bucket_bytes)
+            .prefetch(prefetch)
+            .wire(wire)
+            .fused_optimizer(!self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true))
+            .diloco(diloco)
+            .checkpoint_timeout(checkpoint_timeout)
+            // The binary is where the environment's injected faults enter (wiretrain::faults).
+            .faults(wiretrain::faults::Faults::from_env())
+            .build()
+            .map_err(|e| crate::cli::usage_error(format!("{}: {e}", flag_of(&e))))?;
         Ok(Run {
             checkpoint,
-            checkpoint_timeout,
             example,
-            strategy,
+            trainer,
             steps,
             global_batch: self.global_batch.or(file.global_batch).unwrap_or(64),
-            lr,
             seed: self.seed.or(file.seed).unwrap_or(1),
             device,
             share_device,
-            bucket_bytes,
             accumulate,
-            prefetch,
-            wire,
-            fused_optimizer: !self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true),
             balance,
-            diloco,
             plot,
             d_model,
             layers,
@@ -516,7 +501,7 @@ pub fn run(args: &TrainArgs) -> Result<()> {
     fit.meta = serde_json::json!({
         "example": run.example.to_string(),
         "seed": run.seed,
-        "lr": run.lr,
+        "lr": run.trainer.lr(),
         "d_model": run.d_model,
         "layers": run.layers,
     });
@@ -573,16 +558,7 @@ fn train_rank(ctx: RankContext, sh: Shared) -> Result<Option<usize>> {
         sh.run.seed,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
-    let mut tc = TrainerConfig::new(sh.run.strategy);
-    tc.lr = sh.run.lr;
-    tc.bucket_bytes = sh.run.bucket_bytes;
-    tc.prefetch = sh.run.prefetch;
-    tc.wire = sh.run.wire;
-    // The binary is where the environment's injected faults enter (see wiretrain::faults).
-    tc.faults = wiretrain::faults::Faults::from_env();
-    tc.fused_optimizer = sh.run.fused_optimizer;
-    tc.diloco = sh.run.diloco;
-    tc.checkpoint_timeout = sh.run.checkpoint_timeout;
+    let tc = sh.run.trainer.clone();
     match sh.data.clone() {
         Data::Mlp(data) => train_model(
             Mlp::new(&device, sh.run.seed),
@@ -632,7 +608,7 @@ fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
     loss: impl Fn(&M, &[usize]) -> Tensor<1>,
     unit_io: impl Fn(&[usize]) -> (Act, L),
 ) -> Result<Option<usize>> {
-    if tc.strategy.shards_params() {
+    if tc.strategy().shards_params() {
         let trainer = Trainer::with_units(model, device, tc, pg)?;
         let done = fit(trainer, sampler, &sh.fit, |t, idx| {
             let (x, l) = unit_io(idx);

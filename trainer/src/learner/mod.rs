@@ -98,15 +98,15 @@ impl WiretrainStrategy {
     /// Whether [`Self::new`] accepts `cfg` (any module: ddp, zero1, zero2, hybrid), without a
     /// process group: a program can refuse bad settings before its job starts.
     pub fn check(cfg: &TrainerConfig) -> Result<(), StrategyError> {
-        if cfg.strategy.shards_params() {
+        if cfg.strategy().shards_params() {
             return Err(StrategyError(format!(
                 "{} shards parameters unit by unit: it needs a model cut into units \
                  (implement wiretrain::learner::UnitsStep and use WiretrainStrategy::units); \
                  any module trains with ddp, zero1, zero2 or hybrid",
-                cfg.strategy
+                cfg.strategy()
             )));
         }
-        if cfg.diloco.is_some() {
+        if cfg.diloco().is_some() {
             return Err(StrategyError(
                 "diloco is not available through the Learner strategy".into(),
             ));
@@ -121,8 +121,12 @@ impl WiretrainStrategy {
         device: Device,
         cfg: TrainerConfig,
     ) -> Result<WiretrainUnitsStrategy, StrategyError> {
-        let mut plain = cfg.clone();
-        plain.strategy = Strategy::Ddp;
+        // Checked as the same settings under ddp (any strategy is fine with units).
+        let plain = cfg
+            .to_builder()
+            .strategy(Strategy::Ddp)
+            .build()
+            .map_err(|e| StrategyError(e.to_string()))?;
         let mut s = Self::new(pg, device, plain)?;
         s.cfg = cfg;
         Ok(WiretrainUnitsStrategy(s))
@@ -149,7 +153,7 @@ impl WiretrainStrategy {
 
     /// The strategy this runs.
     pub fn strategy(&self) -> Strategy {
-        self.cfg.strategy
+        self.cfg.strategy()
     }
 }
 
@@ -257,7 +261,7 @@ where
         Ok((rep, item.expect("the step ran")))
     }
     fn full(&self, trainer: &mut Trainer<M>, template: M) -> Result<M, TrainError> {
-        if !trainer.config().strategy.shards_params() {
+        if !trainer.config().strategy().shards_params() {
             return Ok(trainer.model().clone());
         }
         let flat = trainer.gather_params()?;

@@ -3,9 +3,10 @@
 //! their parameter deltas, in the wire dtype (the only bytes between nodes), and apply an
 //! outer Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m).
 
+use super::Strategy;
 use super::sync::{GradSync, Held, SyncCx};
 use crate::clock::Phase;
-use crate::error::TrainError;
+use crate::error::{ConfigError, TrainError};
 use burn::optim::GradientsParams;
 use serde::Serialize;
 use std::ops::Range;
@@ -28,6 +29,24 @@ impl Default for Diloco {
             outer_momentum: 0.9,
         }
     }
+}
+
+/// Checks DiLoCo's settings over `strategy` (the builder of the trainer's configuration calls
+/// it, once).
+pub(crate) fn check(strategy: Strategy, d: Diloco) -> Result<(), ConfigError> {
+    if !matches!(strategy, Strategy::Ddp | Strategy::Hybrid) {
+        return Err(ConfigError::DilocoStrategy(strategy));
+    }
+    if d.inner_steps == 0 {
+        return Err(ConfigError::DilocoInnerSteps);
+    }
+    if !(d.outer_lr.is_finite() && d.outer_lr > 0.0) {
+        return Err(ConfigError::OuterLr(d.outer_lr));
+    }
+    if !(0.0..1.0).contains(&d.outer_momentum) {
+        return Err(ConfigError::OuterMomentum(d.outer_momentum));
+    }
+    Ok(())
 }
 
 /// DiLoCo's state: the parameters at the start of the round and the outer momentum.

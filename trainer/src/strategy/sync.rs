@@ -4,7 +4,7 @@
 use super::diloco::{Diloco, DilocoSync};
 use super::{Reach, Stage, Strategy, ddp::Replicated, sharded::Sharded};
 use crate::clock::StepClock;
-use crate::error::{ConfigError, TrainError};
+use crate::error::TrainError;
 use crate::flat::FlatLayout;
 use crate::optim::ShardOptimizer;
 use burn::optim::GradientsParams;
@@ -93,34 +93,31 @@ pub(crate) trait GradSync: Send {
 }
 
 /// The sync of `strategy`, wrapped in DiLoCo when `diloco` is set (then `params` is where its
-/// first round starts).
+/// first round starts). The configuration's builder has checked the pair.
 pub(crate) fn sync_for(
     strategy: Strategy,
     diloco: Option<Diloco>,
     params: &[f32],
-) -> Result<Box<dyn GradSync>, TrainError> {
+) -> Box<dyn GradSync> {
     let Some(d) = diloco else {
         let reach = Reach::of(strategy.scope());
-        return Ok(match strategy.stage() {
+        return match strategy.stage() {
             Stage::Replicated => Box::new(Replicated { reach }),
             stage => Box::new(Sharded { stage, reach }),
-        });
+        };
     };
-    // DiLoCo's inner steps stay inside the node: replicated there, or sharded there.
-    let inner: Box<dyn GradSync> = match strategy {
-        Strategy::Ddp => Box::new(Replicated {
+    // DiLoCo's inner steps stay inside the node: replicated there (DDP), or sharded there
+    // (hybrid, the only other strategy `diloco::check` lets through).
+    let inner: Box<dyn GradSync> = match strategy.stage() {
+        Stage::Replicated => Box::new(Replicated {
             reach: Reach::NodeOnly,
         }),
-        Strategy::Hybrid => Box::new(Sharded {
+        _ => Box::new(Sharded {
             stage: Stage::Gradients,
             reach: Reach::NodeOnly,
         }),
-        other => return Err(ConfigError::DilocoStrategy(other).into()),
     };
-    if d.inner_steps == 0 {
-        return Err(ConfigError::DilocoInnerSteps.into());
-    }
-    Ok(Box::new(DilocoSync::new(inner, d, params)))
+    Box::new(DilocoSync::new(inner, d, params))
 }
 
 /// Multiplies a rank's flattened gradient by its sample weight (no-op for 1).

@@ -1,0 +1,231 @@
+//! How to train ([`TrainerConfig`]): built through [`TrainerConfigBuilder`], which checks every
+//! setting once, so a `TrainerConfig` is valid by construction and the trainer, the loop and
+//! the CLI never check its invariants again.
+
+use crate::error::ConfigError;
+use crate::faults::Faults;
+use crate::optim::OptimConfig;
+use crate::strategy::Strategy;
+use crate::strategy::diloco::Diloco;
+use std::time::Duration;
+use wiretrain_comm::WireDtype;
+
+/// Unit all-gathers ZeRO-3 may keep in flight ahead of the unit computing.
+pub const MAX_PREFETCH: usize = 16;
+
+/// How to train: [`TrainerConfig::new`] gives the defaults, [`TrainerConfig::builder`] (or
+/// [`TrainerConfig::to_builder`]) changes them.
+#[derive(Debug, Clone)]
+pub struct TrainerConfig {
+    pub(super) strategy: Strategy,
+    pub(super) optim: OptimConfig,
+    pub(super) lr: f64,
+    pub(super) bucket_bytes: usize,
+    pub(super) prefetch: usize,
+    pub(super) wire: WireDtype,
+    pub(super) fused_optimizer: bool,
+    pub(super) diloco: Option<Diloco>,
+    pub(super) checkpoint_timeout: Duration,
+    pub(super) faults: Faults,
+}
+
+impl TrainerConfig {
+    /// The defaults for `strategy`: AdamW at lr 1e-3, 25 MiB buckets, prefetch 1, f32 on the
+    /// wire, the fused optimizer, no DiLoCo, a 600 s checkpoint timeout.
+    pub fn new(strategy: Strategy) -> Self {
+        Self {
+            strategy,
+            optim: OptimConfig::default(),
+            lr: 1e-3,
+            bucket_bytes: 25 << 20,
+            prefetch: 1,
+            wire: WireDtype::F32,
+            fused_optimizer: true,
+            diloco: None,
+            checkpoint_timeout: Duration::from_secs(600),
+            faults: Faults::default(),
+        }
+    }
+
+    /// A builder from the defaults for `strategy`.
+    pub fn builder(strategy: Strategy) -> TrainerConfigBuilder {
+        TrainerConfigBuilder(Self::new(strategy))
+    }
+
+    /// A builder from this configuration.
+    pub fn to_builder(&self) -> TrainerConfigBuilder {
+        TrainerConfigBuilder(self.clone())
+    }
+
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    pub fn optim(&self) -> &OptimConfig {
+        &self.optim
+    }
+
+    /// The learning rate of the first step ([`super::Trainer::set_lr`] changes it later).
+    pub fn lr(&self) -> f64 {
+        self.lr
+    }
+
+    /// Bucket size in bytes (f32 elements × 4).
+    pub fn bucket_bytes(&self) -> usize {
+        self.bucket_bytes
+    }
+
+    /// ZeRO-3: unit all-gathers in flight ahead of the unit computing.
+    pub fn prefetch(&self) -> usize {
+        self.prefetch
+    }
+
+    /// Element type between nodes for gradient reductions and parameter gathers.
+    pub fn wire(&self) -> WireDtype {
+        self.wire
+    }
+
+    pub fn fused_optimizer(&self) -> bool {
+        self.fused_optimizer
+    }
+
+    pub fn diloco(&self) -> Option<Diloco> {
+        self.diloco
+    }
+
+    pub fn checkpoint_timeout(&self) -> Duration {
+        self.checkpoint_timeout
+    }
+
+    pub fn faults(&self) -> &Faults {
+        &self.faults
+    }
+}
+
+/// Changes a [`TrainerConfig`]; [`TrainerConfigBuilder::build`] checks the result.
+#[derive(Debug, Clone)]
+#[must_use = "a builder does nothing until build() is called"]
+pub struct TrainerConfigBuilder(TrainerConfig);
+
+impl TrainerConfigBuilder {
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.0.strategy = strategy;
+        self
+    }
+
+    pub fn optim(mut self, optim: OptimConfig) -> Self {
+        self.0.optim = optim;
+        self
+    }
+
+    /// A positive, finite learning rate.
+    pub fn lr(mut self, lr: f64) -> Self {
+        self.0.lr = lr;
+        self
+    }
+
+    /// Bucket size in bytes (f32 elements × 4); 25 MiB like PyTorch DDP; at least 4.
+    pub fn bucket_bytes(mut self, bytes: usize) -> Self {
+        self.0.bucket_bytes = bytes;
+        self
+    }
+
+    /// ZeRO-3: unit all-gathers in flight ahead of the unit computing (0 = no prefetch, at
+    /// most [`MAX_PREFETCH`]).
+    pub fn prefetch(mut self, units: usize) -> Self {
+        self.0.prefetch = units;
+        self
+    }
+
+    /// Element type between nodes for gradient reductions and parameter gathers (f32, f16,
+    /// bf16, int8). Sums accumulate in f32; master weights and optimizer state stay f32 on
+    /// their owner; every rank computes with the same (decoded) parameters.
+    pub fn wire(mut self, wire: WireDtype) -> Self {
+        self.0.wire = wire;
+        self
+    }
+
+    /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
+    /// device) instead of Burn's tensor ops. Same math; off for comparisons.
+    pub fn fused_optimizer(mut self, on: bool) -> Self {
+        self.0.fused_optimizer = on;
+        self
+    }
+
+    /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
+    /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
+    /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.
+    pub fn diloco(mut self, diloco: Option<Diloco>) -> Self {
+        self.0.diloco = diloco;
+        self
+    }
+
+    /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
+    /// there for the slowest writer); the longer of this and the collective timeout applies.
+    pub fn checkpoint_timeout(mut self, timeout: Duration) -> Self {
+        self.0.checkpoint_timeout = timeout;
+        self
+    }
+
+    /// Injected faults and slowdowns (none by default; see [`crate::faults`]).
+    pub fn faults(mut self, faults: Faults) -> Self {
+        self.0.faults = faults;
+        self
+    }
+
+    /// The configuration, once every setting is checked.
+    pub fn build(self) -> Result<TrainerConfig, ConfigError> {
+        let c = self.0;
+        if !(c.lr.is_finite() && c.lr > 0.0) {
+            return Err(ConfigError::Lr(c.lr));
+        }
+        if c.bucket_bytes < 4 {
+            return Err(ConfigError::BucketTooSmall(c.bucket_bytes));
+        }
+        if c.prefetch > MAX_PREFETCH {
+            return Err(ConfigError::Prefetch(c.prefetch));
+        }
+        if let Some(d) = c.diloco {
+            crate::strategy::diloco::check(c.strategy, d)?;
+        }
+        Ok(c)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_builder_refuses_each_invalid_setting_and_keeps_valid_ones() {
+        let b = || TrainerConfig::builder(Strategy::Hybrid);
+        let c = b().lr(0.5).bucket_bytes(8).prefetch(16).build().unwrap();
+        assert_eq!((c.lr(), c.bucket_bytes(), c.prefetch()), (0.5, 8, 16));
+        let err = |b: TrainerConfigBuilder| b.build().unwrap_err().to_string();
+        assert_eq!(err(b().lr(0.0)), "lr 0 must be a positive number");
+        assert!(err(b().lr(f64::NAN)).contains("positive"));
+        assert_eq!(
+            err(b().bucket_bytes(3)),
+            "bucket size 3 bytes holds no element"
+        );
+        assert!(err(b().prefetch(17)).contains("more than 16"));
+        let d = Diloco::default();
+        assert!(b().diloco(Some(d)).build().is_ok());
+        assert!(err(b().strategy(Strategy::Zero1).diloco(Some(d))).contains("ddp or hybrid"));
+        let zero = Diloco {
+            inner_steps: 0,
+            ..d
+        };
+        assert!(err(b().diloco(Some(zero))).contains("at least 1 inner step"));
+        let mu = Diloco {
+            outer_momentum: 1.0,
+            ..d
+        };
+        assert!(err(b().diloco(Some(mu))).contains("outside [0, 1)"));
+        let lr = Diloco {
+            outer_lr: -1.0,
+            ..d
+        };
+        assert!(err(b().diloco(Some(lr))).contains("outer lr -1"));
+    }
+}
