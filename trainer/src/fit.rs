@@ -8,7 +8,6 @@
 
 use crate::balance::{Balance, SpeedBalancer};
 use crate::data::DistributedSampler;
-use crate::plot::{PlotPoint, plot_run};
 use crate::strategy::Strategy;
 use crate::trainer::{ConfigError, StepReport, TrainError, Trainer, TrainerConfig};
 use burn::module::Module;
@@ -44,6 +43,14 @@ impl From<crate::checkpoint::CheckpointError> for FitError {
 
 fn io(context: String, source: std::io::Error) -> FitError {
     FitError::Io { context, source }
+}
+
+/// One step's point: what the run's plot draws.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct PlotPoint {
+    pub step: usize,
+    pub loss: f64,
+    pub samples_per_s: f64,
 }
 
 /// Where and how often checkpoints are written.
@@ -185,6 +192,15 @@ pub fn fit<M: Module>(
     let leader = trainer.process_group().rank() == 0;
     let strategy = trainer.config().strategy();
     check_accumulate(run.accumulate, strategy).map_err(|e| FitError::Train(e.into()))?;
+    // Refused before step 0, so no run ends without the plot it asked for.
+    #[cfg(not(feature = "plot"))]
+    if run.plot.is_some() {
+        return Err(FitError::Plot(
+            "this wiretrain was built without its `plot` feature (on by default); enable it or \
+             leave FitOptions::plot unset"
+                .into(),
+        ));
+    }
     if let Some(s) = &run.stop {
         trainer.set_stop_flag(s.clone());
     }
@@ -464,6 +480,7 @@ pub fn fit<M: Module>(
             std::fs::write(p, bytes)
                 .map_err(|e| io(format!("--save-params {}", p.display()), e))?;
         }
+        #[cfg(feature = "plot")]
         if let Some(p) = &run.plot {
             let title = format!(
                 "{} {} world {world}, global batch {}",
@@ -471,7 +488,7 @@ pub fn fit<M: Module>(
                 strategy_name(trainer.config()),
                 run.global_batch
             );
-            plot_run(p, &title, &points).map_err(|e| FitError::Plot(e.to_string()))?;
+            crate::plot::plot_run(p, &title, &points).map_err(|e| FitError::Plot(e.to_string()))?;
             eprintln!("wiretrain: plot written to {}", p.display());
         }
     }

@@ -46,13 +46,12 @@ pub mod fit;
 pub mod flat;
 pub mod heap;
 pub mod job;
-pub mod launch;
 pub mod learner;
 pub mod models;
 pub mod optim;
 pub mod plan;
+#[cfg(feature = "plot")]
 pub mod plot;
-pub mod report;
 pub mod rss;
 pub mod run;
 pub mod signal;

@@ -3,16 +3,9 @@
 //! The text uses DejaVu Sans Mono, compiled into the binary (`trainer/assets/`, free
 //! licence), so the plot looks the same on every machine and needs no system fonts.
 
+use crate::fit::PlotPoint;
 use plotters::prelude::*;
 use std::path::Path;
-
-/// One step's point.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct PlotPoint {
-    pub step: usize,
-    pub loss: f64,
-    pub samples_per_s: f64,
-}
 
 /// Why a plot could not be written.
 #[derive(Debug, thiserror::Error)]

@@ -151,15 +151,15 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             usage!("--local: {nodes} is outside 1..=64");
         }
         let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        let child = wiretrain::launch::strip_flag(&argv, "--local");
-        let target = wiretrain::launch::Target {
+        let child = crate::cli::launcher::strip_flag(&argv, "--local");
+        let target = crate::cli::launcher::Target {
             program: None,
             // launch adds the rendezvous flags, this node count among them.
-            args: wiretrain::launch::strip_flag(&child, "--ranks-per-node"),
+            args: crate::cli::launcher::strip_flag(&child, "--ranks-per-node"),
             ranks_per_node: args.node.ranks_per_node,
         };
         let grace = Duration::from_secs_f64(args.node.collective_timeout.clamp(1.0, 300.0) + 5.0);
-        return wiretrain::launch::run_local(nodes, &target, grace).context("local launch");
+        return crate::cli::launcher::run_local(nodes, &target, grace).context("local launch");
     }
     let cfg = args.node.config()?;
     let mut node = Node::join(cfg).context("joining the job")?;

@@ -7,6 +7,7 @@
 //! processes do. The row reports the slowest rank's medians and the rate by the planner's
 //! model: 6·Ψ FLOPs per token (6·Ψ·tokens / forward-backward time).
 
+use crate::cli::traces::median;
 use crate::cli::usage;
 use anyhow::{Context, Result};
 use clap::Args;
@@ -16,7 +17,6 @@ use wiretrain::device::{DeviceSpec, select};
 use wiretrain::models::Example;
 use wiretrain::models::char_lm::Corpus;
 use wiretrain::models::mlp::{Dataset, Mlp};
-use wiretrain::report::median;
 use wiretrain::strategy::Strategy;
 use wiretrain::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
 use wiretrain_comm::tls::Token;

@@ -5,13 +5,13 @@
 //! torchrun/Slurm environment: `srun wiretrain launch -- ./my-train`). Signals are passed on;
 //! the exit code is the failed node's.
 
+use crate::cli::launcher::{LaunchError, Target, exit_code, run_local, run_node};
 use crate::cli::usage;
 use anyhow::Result;
 use clap::Args;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use wiretrain::launch::{LaunchError, Target, exit_code, run_local, run_node};
 
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {

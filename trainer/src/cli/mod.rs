@@ -5,9 +5,11 @@ pub mod bench_compute;
 pub mod devices;
 pub mod export;
 pub mod launch;
+pub mod launcher;
 pub mod node;
 pub mod plan;
 pub mod report;
+pub mod traces;
 pub mod train;
 
 /// A bad flag, configuration or combination of them: the command line is wrong, not the

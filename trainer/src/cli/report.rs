@@ -1,10 +1,10 @@
 //! `wiretrain report DIR`: the summary of a traced run (`train --trace DIR`) and a PNG of the
 //! step split per rank (`DIR/report-split.png`) and of busbw over time (`DIR/report-busbw.png`); `--json` prints the analysis as one object.
 
+use crate::cli::traces::{analyse, load};
 use anyhow::{Context, Result};
 use clap::Args;
 use std::path::PathBuf;
-use wiretrain::report::{analyse, load};
 
 #[derive(Debug, Clone, Args)]
 pub struct ReportArgs {
@@ -39,7 +39,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
                     b.display()
                 ))
             })?;
-        wiretrain::report::add_bench(&mut r, &rows);
+        crate::cli::traces::add_bench(&mut r, &rows);
     }
     if !args.no_plot {
         let png = args.dir.join("report-split.png");
@@ -56,7 +56,7 @@ pub fn run(args: &ReportArgs) -> Result<()> {
         wiretrain::plot::plot_split(&png, "step time per rank", &bars)
             .with_context(|| format!("writing {}", png.display()))?;
         let bw = args.dir.join("report-busbw.png");
-        let series = wiretrain::report::busbw_series(&traces);
+        let series = crate::cli::traces::busbw_series(&traces);
         if series.iter().any(|s| !s.1.is_empty()) {
             wiretrain::plot::plot_busbw(&bw, "bus bandwidth per collective (rank 0)", &series)
                 .with_context(|| format!("writing {}", bw.display()))?;

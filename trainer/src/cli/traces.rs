@@ -3,10 +3,10 @@
 //! data), the slowest rank and by how much, achieved bandwidth per collective, and the longest
 //! waits with the rank that was waited for (the last to submit that collective).
 
-use crate::trace::Event;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use wiretrain::trace::Event;
 
 /// Trace files larger than this are refused unread.
 pub const MAX_TRACE_BYTES: u64 = 2 << 30;

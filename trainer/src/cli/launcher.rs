@@ -3,7 +3,7 @@
 //! real processes) on one machine; [`run_node`] starts this machine's one node process of a
 //! job spread over machines. The program is this binary's subcommand (`train`, `bench`) or any
 //! other program, which finds its job in the `WIRETRAIN_*` variables that
-//! [`crate::job::JobOptions::from_env`] (and so [`crate::run`]) reads.
+//! [`wiretrain::job::JobOptions::from_env`] (and so [`wiretrain::run`]) reads.
 //!
 //! Node 0 binds an ephemeral port on 127.0.0.1 and writes it to a file; the launcher then
 //! starts nodes 1.. with the master pointing at it and binding 127.0.0.(i+1):0. All nodes get
@@ -12,13 +12,13 @@
 //! (macOS configures only 127.0.0.1 on its loopback interface, so there every node binds
 //! 127.0.0.1 and they differ by port.)
 
-use crate::job::env;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use wiretrain::job::env;
 use wiretrain_comm::tls::Token;
 
 /// Why a local launch failed.
@@ -184,10 +184,10 @@ pub fn run_node(
     static PID: Mutex<Option<u32>> = Mutex::new(None);
     let forward = || {
         if let Some(pid) = *PID.lock().unwrap_or_else(|p| p.into_inner()) {
-            crate::signal::terminate(pid);
+            wiretrain::signal::terminate(pid);
         }
     };
-    let _stop = crate::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
+    let _stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
     let exe = std::env::current_exe()?;
     let mut c = match &job {
         Some((nnodes, node, master)) => target.command(&exe, *nnodes, *node, master, Place::Given),
@@ -219,10 +219,10 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
     static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
     let forward = || {
         for &pid in PIDS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            crate::signal::terminate(pid);
+            wiretrain::signal::terminate(pid);
         }
     };
-    let stop = crate::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
+    let stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
     let exe = std::env::current_exe()?;
     let dir = temp_dir()?;
     let addr_file = dir.join("master.addr");
@@ -345,7 +345,7 @@ fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError
         .find(|s| !s.success())
         .map_or(1, |s| exit_code(*s));
     let all_interrupted = status.iter().all(|s| {
-        s.is_some_and(|s| s.success() || s.code() == Some(crate::signal::INTERRUPTED_EXIT))
+        s.is_some_and(|s| s.success() || s.code() == Some(wiretrain::signal::INTERRUPTED_EXIT))
     });
     if failures.is_empty() {
         Ok(())
