@@ -3,7 +3,9 @@
 //! transports execute these plans, and the tests check them on an in-memory cluster.
 
 pub mod layout;
+pub mod program;
 pub mod ring;
 
 pub use layout::Layout;
+pub use program::Program;
 pub use ring::{RecvMode, RingStep};

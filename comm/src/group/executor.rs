@@ -2,10 +2,11 @@
 //! the node it works on the shared buffers (the fused reduce and copy loops); across nodes it
 //! hands each lane's ring to the node's network runtime.
 
-use super::{OpId, OpKind, ReduceOp};
+use super::{OpId, ReduceOp};
 use crate::abort::FailHook;
 use crate::algo::layout::intersect;
-use crate::algo::{Layout, ring};
+use crate::algo::program::{Lanes, MeanOver, Post, Pre, Single};
+use crate::algo::{Layout, Program, ring};
 use crate::error::{CollectiveError, Error, TransportError};
 use crate::topology::RankTable;
 use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
@@ -353,148 +354,110 @@ impl Executor {
         let next = (n + 1) % nn;
         let prev = (n + nn - 1) % nn;
         let world = table.world() as f32;
+        let Some(prog) = Program::of(id.kind) else {
+            return Err(self.fail(
+                id,
+                CollectiveError::InvalidCall("p2p is not a collective".into()),
+            ));
+        };
         if nn == 1 {
-            self.single_node(id, &peers, &lay, arg, reduce);
+            self.single_node(prog.single, &peers, &lay, arg, reduce);
             return self.barrier(id, bytes, deadline);
         }
-        match id.kind {
-            OpKind::AllReduce
-            | OpKind::ReduceScatter
-            | OpKind::Barrier
-            | OpKind::HybridReduce
-            | OpKind::NodeReduce
-            | OpKind::NodeReduceScatter => {
-                let node_only = matches!(id.kind, OpKind::NodeReduce | OpKind::NodeReduceScatter);
-                if let Some(l) = my_lane {
-                    let pieces = lay.lane_pieces(l);
-                    if k > 1 {
-                        for r in &pieces {
-                            // SAFETY: lane l's pieces are written only by local rank l (me)
-                            // in this phase, and read only by me.
-                            unsafe { sum_into(&peers, j, k, r.clone(), 1.0, false) };
-                        }
-                    }
-                    if nn > 1 && !node_only {
-                        let steps = if id.kind == OpKind::ReduceScatter {
-                            ring::reduce_scatter(n, nn)
-                        } else {
-                            ring::all_reduce(n, nn)
-                        };
-                        let job = RingJob {
-                            buf: raw,
-                            pieces: &pieces,
-                            steps: &steps,
-                            next,
-                            prev,
-                            op: id.kind.code(),
-                            seq: id.seq,
-                            step_base: 0,
-                            dtype: self.wire,
-                            // The all-gather half starts with this node's finished piece.
-                            round_step: (id.kind != OpKind::ReduceScatter).then_some(nn - 1),
-                        };
-                        self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
-                    }
-                    if reduce == ReduceOp::Mean {
-                        let owned = if id.kind == OpKind::ReduceScatter {
-                            vec![lay.piece(n, l)]
-                        } else {
-                            pieces.clone()
-                        };
-                        let by = if node_only { k as f32 } else { world };
-                        for r in owned {
-                            let dst = unsafe { peers.write(j, r) };
-                            dst.iter_mut().for_each(|x| *x /= by);
-                        }
+        if let Some(l) = my_lane {
+            let pieces = lay.lane_pieces(l);
+            match prog.pre {
+                // SAFETY: lane l's pieces are written only by local rank l (me) in this
+                // phase, and read only by me.
+                Pre::Reduce if k > 1 => {
+                    for r in &pieces {
+                        unsafe { sum_into(&peers, j, k, r.clone(), 1.0, false) };
                     }
                 }
-                self.barrier(id, bytes, deadline)?;
-                if matches!(id.kind, OpKind::HybridReduce | OpKind::NodeReduceScatter) {
-                    // Each rank keeps its lane's pieces; nothing to gather.
-                } else if id.kind == OpKind::ReduceScatter {
-                    let mine = lay.chunk(self.rank);
-                    for l in (0..lanes).filter(|&l| l != j) {
-                        let r = intersect(&mine, &lay.piece(n, l));
-                        copy_from(&peers, l, j, r);
-                    }
-                } else {
-                    for l in (0..lanes).filter(|&l| l != j) {
-                        for r in lay.lane_pieces(l) {
-                            copy_from(&peers, l, j, r);
-                        }
-                    }
-                }
-            }
-            OpKind::AllGather => {
-                if let Some(l) = my_lane {
-                    let first = table.first_rank(n);
-                    let piece = lay.piece(n, l);
+                Pre::CollectChunks => {
+                    let (first, piece) = (table.first_rank(n), lay.piece(n, l));
                     for i in (0..k).filter(|&i| i != j) {
-                        let r = intersect(&lay.chunk(first + i), &piece);
-                        copy_from(&peers, i, j, r);
-                    }
-                    if nn > 1 {
-                        let pieces = lay.lane_pieces(l);
-                        let steps = ring::all_gather(n, nn);
-                        let job = RingJob {
-                            buf: raw,
-                            pieces: &pieces,
-                            steps: &steps,
-                            next,
-                            prev,
-                            op: id.kind.code(),
-                            seq: id.seq,
-                            step_base: 0,
-                            dtype: self.wire,
-                            round_step: Some(0),
-                        };
-                        self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
+                        copy_from(&peers, i, j, intersect(&lay.chunk(first + i), &piece));
                     }
                 }
-                self.barrier(id, bytes, deadline)?;
-                for l in (0..lanes).filter(|&l| l != j) {
-                    for r in lay.lane_pieces(l) {
-                        copy_from(&peers, l, j, r);
-                    }
-                }
-            }
-            OpKind::Broadcast => {
-                let (rn, rl) = table.locate(arg);
-                if let Some(l) = my_lane {
-                    let pieces = lay.lane_pieces(l);
+                Pre::FromRoot => {
+                    let (rn, rl) = table.locate(arg);
                     if n == rn && j != rl {
                         for r in &pieces {
                             copy_from(&peers, rl, j, r.clone());
                         }
                     }
-                    if nn > 1 {
-                        let (recv, send) = ring::chain_role(n, rn, nn);
-                        let from = recv.then_some(prev);
-                        let to = send.then_some(next);
-                        let task = LaneTask::Chain {
-                            buf: raw,
-                            pieces: &pieces,
-                            from,
-                            to,
-                        };
-                        self.on_lane(id, bytes, deadline, task)?;
-                    }
                 }
-                self.barrier(id, bytes, deadline)?;
-                for l in (0..lanes).filter(|&l| l != j) {
+                Pre::Reduce | Pre::Nothing => {}
+            }
+            // The ring's steps, and the step from which it forwards finished pieces (an
+            // all-gather half starts with this node's own finished piece).
+            let schedule = match prog.lanes {
+                Lanes::Nothing => None,
+                Lanes::AllReduce => Some((ring::all_reduce(n, nn), Some(nn - 1))),
+                Lanes::ReduceScatter => Some((ring::reduce_scatter(n, nn), None)),
+                Lanes::AllGather => Some((ring::all_gather(n, nn), Some(0))),
+                Lanes::Chain => {
+                    let (recv, send) = ring::chain_role(n, table.locate(arg).0, nn);
+                    let task = LaneTask::Chain {
+                        buf: raw,
+                        pieces: &pieces,
+                        from: recv.then_some(prev),
+                        to: send.then_some(next),
+                    };
+                    self.on_lane(id, bytes, deadline, task)?;
+                    None
+                }
+            };
+            if let Some((steps, round_step)) = schedule {
+                let job = RingJob {
+                    buf: raw,
+                    pieces: &pieces,
+                    steps: &steps,
+                    next,
+                    prev,
+                    op: id.kind.code(),
+                    seq: id.seq,
+                    step_base: 0,
+                    dtype: self.wire,
+                    round_step,
+                };
+                self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
+            }
+            if reduce == ReduceOp::Mean && prog.pre == Pre::Reduce {
+                let owned = if prog.only_own_piece_reduced() {
+                    vec![lay.piece(n, l)]
+                } else {
+                    pieces
+                };
+                let by = match prog.mean_over {
+                    MeanOver::Node => k as f32,
+                    MeanOver::World => world,
+                };
+                for r in owned {
+                    let dst = unsafe { peers.write(j, r) };
+                    dst.iter_mut().for_each(|x| *x /= by);
+                }
+            }
+        }
+        if prog.needs_middle_barrier() {
+            self.barrier(id, bytes, deadline)?;
+        }
+        for l in (0..lanes).filter(|&l| l != j) {
+            match prog.post {
+                Post::OtherLanes => {
                     for r in lay.lane_pieces(l) {
                         copy_from(&peers, l, j, r);
                     }
                 }
+                Post::OwnChunk => copy_from(
+                    &peers,
+                    l,
+                    j,
+                    intersect(&lay.chunk(self.rank), &lay.piece(n, l)),
+                ),
+                Post::Nothing => {}
             }
-            OpKind::NodeGather => {
-                for l in (0..lanes).filter(|&l| l != j) {
-                    for r in lay.lane_pieces(l) {
-                        copy_from(&peers, l, j, r);
-                    }
-                }
-            }
-            OpKind::P2p => unreachable!("p2p has its own path"),
         }
         self.barrier(id, bytes, deadline)
     }
@@ -504,7 +467,7 @@ impl Executor {
     /// (for all-reduce) write the result straight into every buffer.
     pub(super) fn single_node(
         &self,
-        id: OpId,
+        single: Single,
         peers: &Peers,
         lay: &Layout,
         arg: usize,
@@ -516,22 +479,17 @@ impl Executor {
             ReduceOp::Sum => 1.0,
             ReduceOp::Mean => k as f32,
         };
-        match id.kind {
+        match single {
             // SAFETY: chunk j of every buffer belongs to rank j in this phase.
-            OpKind::AllReduce | OpKind::Barrier | OpKind::NodeReduce => unsafe {
-                sum_into(peers, j, k, mine, divisor, true)
-            },
+            Single::AllReduce => unsafe { sum_into(peers, j, k, mine, divisor, true) },
             // With one node, node pieces are the ranks' chunks.
-            OpKind::ReduceScatter | OpKind::HybridReduce | OpKind::NodeReduceScatter => unsafe {
-                sum_into(peers, j, k, mine, divisor, false)
-            },
-            OpKind::AllGather | OpKind::NodeGather => {
+            Single::ReduceScatter => unsafe { sum_into(peers, j, k, mine, divisor, false) },
+            Single::Gather => {
                 for i in (0..k).filter(|&i| i != j) {
                     copy_from(peers, i, j, lay.chunk(i));
                 }
             }
-            OpKind::Broadcast => copy_from(peers, arg, j, 0..lay.len()),
-            OpKind::P2p => {}
+            Single::Broadcast => copy_from(peers, arg, j, 0..lay.len()),
         }
     }
 
