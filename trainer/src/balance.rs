@@ -8,7 +8,7 @@
 //! * **Split.** Integer shares proportional to the averaged speeds, at least one sample each,
 //!   summing exactly to the global batch (largest remainders, ties to the lower rank).
 //! * **Weighting.** The trainer weights each rank's gradient and loss by
-//!   `share · world / global` ([`crate::trainer::Trainer::set_sample_weight`]), so the update
+//!   `share · world / global` ([`crate::engine::Trainer::set_sample_weight`]), so the update
 //!   equals the single-process update on the same global batch.
 
 /// Steps with equal shares before the speeds are trusted.

@@ -1,5 +1,5 @@
 //! Injected faults and slowdowns ([`Faults`]): a value the caller puts in
-//! [`crate::trainer::TrainerConfig`], read by the training loop and the checkpoint code. The
+//! [`crate::engine::TrainerConfig`], read by the training loop and the checkpoint code. The
 //! library never reads the environment for them; the binary fills one with
 //! [`Faults::from_env`]: the test suite's `WIRETRAIN_TEST_*` variables only when built with the
 //! `test-hooks` feature (`scripts/test.sh` builds with it), and the documented balance demo's

@@ -8,8 +8,8 @@
 
 use crate::balance::{Balance, SpeedBalancer};
 use crate::data::DistributedSampler;
+use crate::engine::{ConfigError, StepReport, TrainError, Trainer, TrainerConfig};
 use crate::strategy::Strategy;
-use crate::trainer::{ConfigError, StepReport, TrainError, Trainer, TrainerConfig};
 use burn::module::Module;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::Write;

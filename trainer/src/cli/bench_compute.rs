@@ -14,11 +14,11 @@ use clap::Args;
 use serde::Serialize;
 use std::sync::Arc;
 use wiretrain::device::{DeviceSpec, select};
+use wiretrain::engine::{StepReport, TrainError, Trainer, TrainerConfig};
 use wiretrain::models::Example;
 use wiretrain::models::char_lm::Corpus;
 use wiretrain::models::mlp::{Dataset, Mlp};
 use wiretrain::strategy::Strategy;
-use wiretrain::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
 use wiretrain_comm::tls::Token;
 use wiretrain_comm::{Node, NodeConfig, ProcessGroup, ReduceOp};
 

@@ -13,12 +13,12 @@ use wiretrain::RankContext;
 use wiretrain::balance::Balance;
 use wiretrain::data::DistributedSampler;
 use wiretrain::device::{DeviceSpec, parse_specs};
+use wiretrain::engine::{ConfigError, Diloco, Trainer, TrainerConfig};
 use wiretrain::fit::{CheckpointPlan, FitOptions, fit};
 use wiretrain::models::Example;
 use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
 use wiretrain::models::mlp::{Dataset, Mlp};
 use wiretrain::strategy::Strategy;
-use wiretrain::trainer::{ConfigError, Diloco, Trainer, TrainerConfig};
 use wiretrain::units::{Act, Units};
 use wiretrain_comm::WireDtype;
 

@@ -20,8 +20,8 @@ mod silent;
 
 pub use silent::renderer_for;
 
+use crate::engine::{StepReport, TrainError, Trainer, TrainerConfig};
 use crate::strategy::Strategy;
-use crate::trainer::{StepReport, TrainError, Trainer, TrainerConfig};
 use crate::units::{Act, Units};
 use burn::tensor::{Device, Tensor};
 use burn_train::{

@@ -6,7 +6,7 @@
 //!   its gradient shard plus one bucket.
 //! * Stages 1-2 then step the f32 master of the owned pieces and gather every rank's pieces
 //!   (in the wire dtype) into the parameters the model computes with.
-//! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`trainer::zero3`) reduces
+//! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::zero3`) reduces
 //!   through the same [`Reach`], and this sync only steps the shard.
 
 use super::sync::{GradSync, Held, SyncCx, weigh};
