@@ -150,6 +150,27 @@ pub fn split(range: Range<usize>, parts: usize) -> Vec<Range<usize>> {
     out
 }
 
+/// A rank table of `shape[n]` ranks on node n at 127.0.0.(n+1):1000 (no certificates): the
+/// topology the pure tests run on.
+#[cfg(test)]
+pub(crate) fn table_of(shape: &[usize]) -> RankTable {
+    RankTable::new(
+        shape
+            .iter()
+            .enumerate()
+            .map(|(i, &k)| NodeInfo {
+                node: i,
+                addr: format!("127.0.0.{}:1000", i + 1)
+                    .parse()
+                    .expect("an address"),
+                devices: vec!["cpu".into(); k],
+                cert_sha256: String::new(),
+            })
+            .collect(),
+    )
+    .expect("a valid shape")
+}
+
 /// The element range of rank `rank`'s shard of a buffer of `len` elements over `world` ranks.
 pub fn shard_range(len: usize, world: usize, rank: usize) -> Range<usize> {
     let (base, extra) = (len / world, len % world);
@@ -159,23 +180,8 @@ pub fn shard_range(len: usize, world: usize, rank: usize) -> Range<usize> {
 
 #[cfg(test)]
 mod tests {
+    use super::table_of as table;
     use super::*;
-
-    fn table(shape: &[usize]) -> RankTable {
-        RankTable::new(
-            shape
-                .iter()
-                .enumerate()
-                .map(|(i, &k)| NodeInfo {
-                    node: i,
-                    addr: format!("127.0.0.{}:1000", i + 1).parse().unwrap(),
-                    devices: vec!["cpu".into(); k],
-                    cert_sha256: String::new(),
-                })
-                .collect(),
-        )
-        .unwrap()
-    }
 
     #[test]
     fn node_major_ranks() {

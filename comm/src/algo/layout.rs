@@ -73,23 +73,8 @@ pub fn intersect(a: &Range<usize>, b: &Range<usize>) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::NodeInfo;
 
-    fn table(shape: &[usize]) -> RankTable {
-        RankTable::new(
-            shape
-                .iter()
-                .enumerate()
-                .map(|(i, &k)| NodeInfo {
-                    node: i,
-                    addr: "127.0.0.1:1".parse().unwrap(),
-                    devices: vec![String::new(); k],
-                    cert_sha256: String::new(),
-                })
-                .collect(),
-        )
-        .unwrap()
-    }
+    use crate::topology::table_of as table;
 
     #[test]
     fn uniform_pieces_are_chunks() {

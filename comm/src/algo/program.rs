@@ -142,7 +142,7 @@ mod tests {
     use super::*;
     use crate::algo::Layout;
     use crate::algo::layout::intersect;
-    use crate::topology::{NodeInfo, RankTable};
+    use crate::topology::RankTable;
 
     const KINDS: [OpKind; 8] = [
         OpKind::AllReduce,
@@ -155,19 +155,7 @@ mod tests {
         OpKind::Broadcast,
     ];
 
-    fn table(ranks: &[usize]) -> RankTable {
-        let nodes = ranks
-            .iter()
-            .enumerate()
-            .map(|(i, &k)| NodeInfo {
-                node: i,
-                addr: "127.0.0.1:1".parse().unwrap(),
-                devices: vec![String::new(); k],
-                cert_sha256: String::new(),
-            })
-            .collect();
-        RankTable::new(nodes).unwrap()
-    }
+    use crate::topology::table_of as table;
 
     /// Runs `prog` on buffers `b[rank]` as the executor does, with ideal lanes (a ring's
     /// result, not its steps: those are `ring`'s tests). Scratch left by a phase is NaN.

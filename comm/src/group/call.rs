@@ -55,17 +55,7 @@ impl ProcessGroup {
 impl Call<'_> {
     /// Sums (or averages) `buf` across all ranks, in place.
     pub fn all_reduce(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::AllReduce,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
-                let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, op);
-                keep_or_leak(r, buf)
-            },
-        )
+        self.whole(OpKind::AllReduce, buf, 0, op)
     }
 
     /// Reduces `buf` (the full buffer, used as scratch) across ranks and returns this rank's
@@ -88,33 +78,13 @@ impl Call<'_> {
     /// In-place reduce-scatter: `buf` comes back with the reduced shard at
     /// `shard_range(buf.len())` (the rest is scratch). No allocation.
     pub fn reduce_scatter_in_place(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::ReduceScatter,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
-                let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, op);
-                keep_or_leak(r, buf)
-            },
-        )
+        self.whole(OpKind::ReduceScatter, buf, 0, op)
     }
 
     /// In-place all-gather: `buf` is the full buffer with this rank's shard already at
     /// `shard_range(buf.len())`; it comes back complete. No allocation.
     pub fn all_gather_in_place(self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::AllGather,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
-                let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
-                keep_or_leak(r, buf)
-            },
-        )
+        self.whole(OpKind::AllGather, buf, 0, ReduceOp::Sum)
     }
 
     /// Gathers every rank's shard of a `total`-element buffer; `shard` must have
@@ -145,49 +115,19 @@ impl Call<'_> {
     /// reduce-scatter over shared memory; across nodes only the pieces travel, each lane
     /// all-reducing its own (HSDP: shard inside the node, replicate across nodes).
     pub fn hybrid_reduce_in_place(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::HybridReduce,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
-                let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, op);
-                keep_or_leak(r, buf)
-            },
-        )
+        self.whole(OpKind::HybridReduce, buf, 0, op)
     }
 
     /// Gather inside the node: `buf` holds this rank's values on its node pieces and comes
     /// back complete from the node's other ranks, with no traffic between nodes.
     pub fn node_gather_in_place(self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::NodeGather,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
-                let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, ReduceOp::Sum);
-                keep_or_leak(r, buf)
-            },
-        )
+        self.whole(OpKind::NodeGather, buf, 0, ReduceOp::Sum)
     }
 
     /// All-reduce among the ranks of this rank's node only, in place, over shared memory: no
     /// byte crosses nodes (DiLoCo's inner steps). Mean divides by the node's rank count.
     pub fn node_all_reduce(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::NodeReduce,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
-                let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, op);
-                keep_or_leak(r, buf)
-            },
-        )
+        self.whole(OpKind::NodeReduce, buf, 0, op)
     }
 
     /// Reduction among the ranks of this rank's node only, in place, over shared memory:
@@ -195,16 +135,23 @@ impl Call<'_> {
     /// scratch) and no byte crosses nodes (DiLoCo's inner steps with sharding inside the
     /// node). Mean divides by the node's rank count.
     pub fn node_reduce_scatter_in_place(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.pg.submit(
-            OpKind::NodeReduceScatter,
-            4 * buf.len(),
-            self.opts,
-            move |ex, id| {
+        self.whole(OpKind::NodeReduceScatter, buf, 0, op)
+    }
+
+    /// A collective of `kind` on the whole of `buf`, in place (`arg`: broadcast's root).
+    pub(super) fn whole(
+        self,
+        kind: OpKind,
+        buf: Vec<f32>,
+        arg: usize,
+        op: ReduceOp,
+    ) -> Work<Vec<f32>> {
+        self.pg
+            .submit(kind, 4 * buf.len(), self.opts, move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
                 let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, op);
+                let r = ex.collective(id, &mut buf, len, arg, op);
                 keep_or_leak(r, buf)
-            },
-        )
+            })
     }
 }
