@@ -1,0 +1,462 @@
+//! A lane's streams and the executors that run on them. Executing a ring step list runs a
+//! sender and a receiver concurrently on the lane: the receiver reduces or copies each frame
+//! into the buffer as it arrives and publishes its progress; the sender forwards a frame as
+//! soon as the frame it depends on has landed. Frames (1 MiB by default) pipeline the ring the
+//! way NCCL's slices do.
+
+use super::{CLOSE_REASON_WAIT, close_code, describe_conn_error};
+use crate::algo::{RecvMode, RingStep};
+use crate::codec::{self, Apply};
+use crate::error::{TransportError, WireError};
+use crate::wire::{FRAME_HEADER_LEN, FrameHeader, WireDtype};
+use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A raw view of a rank's buffer shared by a lane's sender and receiver.
+#[derive(Clone, Copy)]
+pub(crate) struct RawBuf {
+    ptr: *mut f32,
+    len: usize,
+}
+
+// SAFETY: the sender reads only ranges the receiver has finished writing (progress counter),
+// and the receiver writes ranges the sender does not read in the same step.
+unsafe impl Send for RawBuf {}
+unsafe impl Sync for RawBuf {}
+
+impl RawBuf {
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for as long as the `RawBuf` is used.
+    pub unsafe fn from_raw(ptr: *mut f32, len: usize) -> Self {
+        Self { ptr, len }
+    }
+
+    pub fn new(buf: &mut [f32]) -> Self {
+        Self {
+            ptr: buf.as_mut_ptr(),
+            len: buf.len(),
+        }
+    }
+
+    /// # Safety
+    /// Nobody writes `r` while the slice lives.
+    unsafe fn read(&self, r: Range<usize>) -> &[f32] {
+        assert!(r.end <= self.len);
+        unsafe { std::slice::from_raw_parts(self.ptr.add(r.start), r.len()) }
+    }
+
+    /// # Safety
+    /// Nobody else reads or writes `r` while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn write(&self, r: Range<usize>) -> &mut [f32] {
+        assert!(r.end <= self.len);
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len()) }
+    }
+}
+
+/// Where a lane stands, for error messages ("waiting for ...").
+#[derive(Debug, Default)]
+pub(crate) struct LaneProgress {
+    recv_step: AtomicU64,
+    recv_chunk: AtomicU64,
+    recv_from: AtomicU64,
+}
+
+impl LaneProgress {
+    fn set(&self, step: u32, chunk: u32, from: usize) {
+        self.recv_step.store(step.into(), Ordering::Relaxed);
+        self.recv_chunk.store(chunk.into(), Ordering::Relaxed);
+        self.recv_from.store(from as u64, Ordering::Relaxed);
+    }
+
+    /// (step, chunk, node) of the frame the lane waits for.
+    pub fn waiting(&self) -> (u64, u64, usize) {
+        (
+            self.recv_step.load(Ordering::Relaxed),
+            self.recv_chunk.load(Ordering::Relaxed),
+            self.recv_from.load(Ordering::Relaxed) as usize,
+        )
+    }
+}
+
+/// A lane failure: what went wrong (the error names the node).
+#[derive(Debug)]
+pub(crate) struct LaneError {
+    pub error: TransportError,
+}
+
+/// The streams of one lane to and from every other node.
+pub(crate) struct LaneLinks {
+    pub lane: usize,
+    send: HashMap<usize, SendStream>,
+    recv: HashMap<usize, RecvStream>,
+    peers: HashMap<usize, (Connection, String)>,
+    frame_elems: usize,
+    /// Encoded bytes of the frame being sent / received.
+    enc: Vec<u8>,
+    dec: Vec<u8>,
+    pub progress: Arc<LaneProgress>,
+    /// Bytes this lane has written to other nodes (frame headers included).
+    pub sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// One ring pass to execute on a lane.
+pub(crate) struct RingJob<'a> {
+    pub buf: RawBuf,
+    pub pieces: &'a [Range<usize>],
+    pub steps: &'a [RingStep],
+    pub next: usize,
+    pub prev: usize,
+    pub op: u8,
+    pub seq: u64,
+    pub step_base: u32,
+    /// What the frames carry; reductions accumulate in f32 whatever travels.
+    pub dtype: WireDtype,
+    /// The step whose sent piece this node also replaces by its decoded form (its own
+    /// finished piece at the start of an all-gather), so all nodes end bit-identical.
+    pub round_step: Option<usize>,
+}
+
+fn frames(r: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
+    let n = r.len().div_ceil(per).max(1);
+    (0..n).map(move |i| {
+        let s = r.start + i * per;
+        s..(s + per).min(r.end).max(s)
+    })
+}
+
+fn frame_count(r: &Range<usize>, per: usize) -> usize {
+    r.len().div_ceil(per).max(1)
+}
+
+impl LaneLinks {
+    pub fn new(lane: usize, frame_bytes: usize) -> Self {
+        Self {
+            lane,
+            send: HashMap::new(),
+            recv: HashMap::new(),
+            peers: HashMap::new(),
+            frame_elems: frame_bytes / 4,
+            enc: Vec::new(),
+            dec: Vec::new(),
+            progress: Arc::default(),
+            sent: Arc::default(),
+        }
+    }
+
+    pub fn add_peer(&mut self, node: usize, conn: Connection, desc: String) {
+        self.peers.insert(node, (conn, desc));
+    }
+    pub fn add_send(&mut self, node: usize, s: SendStream) {
+        self.send.insert(node, s);
+    }
+    pub fn add_recv(&mut self, node: usize, r: RecvStream) {
+        self.recv.insert(node, r);
+    }
+
+    /// The raw send stream of this lane to `node`, bypassing framing. Only for tests that play
+    /// a misbehaving peer.
+    #[doc(hidden)]
+    pub fn raw_send(&mut self, node: usize) -> Option<&mut SendStream> {
+        self.send.get_mut(&node)
+    }
+
+    /// Human description of a peer node.
+    pub fn describe(&self, node: usize) -> String {
+        self.peers
+            .get(&node)
+            .map(|p| p.1.clone())
+            .unwrap_or_else(|| format!("node {node}"))
+    }
+
+    fn lost(&self, node: usize, e: &ConnectionError) -> LaneError {
+        LaneError {
+            error: TransportError::Lost {
+                peer: self.describe(node),
+                reason: describe_conn_error(e),
+            },
+        }
+    }
+
+    fn protocol(&self, node: usize, e: WireError) -> LaneError {
+        if let Some((c, _)) = self.peers.get(&node) {
+            let reason = format!("protocol violation: {e}");
+            c.close(VarInt::from_u32(close_code::PROTOCOL), reason.as_bytes());
+        }
+        LaneError {
+            error: TransportError::Protocol {
+                peer: self.describe(node),
+                source: e,
+            },
+        }
+    }
+
+    /// A failed write. A stream the peer stopped usually means the peer node is failing and
+    /// its connection close, which carries the reason, is on its way: wait a moment for it.
+    async fn write_err(&self, node: usize, e: quinn::WriteError) -> LaneError {
+        if !matches!(e, quinn::WriteError::ConnectionLost(_))
+            && let Some((c, _)) = self.peers.get(&node)
+            && let Ok(closed) = tokio::time::timeout(CLOSE_REASON_WAIT, c.closed()).await
+        {
+            return self.lost(node, &closed);
+        }
+        match e {
+            quinn::WriteError::ConnectionLost(c) => self.lost(node, &c),
+            other => LaneError {
+                error: TransportError::Lost {
+                    peer: self.describe(node),
+                    reason: format!("lane stream write failed: {other}"),
+                },
+            },
+        }
+    }
+
+    /// A failed read. A stream that ended early (finished or reset) usually means the peer
+    /// node is failing and its connection close, which carries the reason, is on its way:
+    /// wait a moment for it and report that reason instead.
+    async fn read_err(&self, node: usize, e: quinn::ReadExactError) -> LaneError {
+        if !matches!(
+            e,
+            quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(_))
+        ) && let Some((c, _)) = self.peers.get(&node)
+            && let Ok(closed) = tokio::time::timeout(CLOSE_REASON_WAIT, c.closed()).await
+        {
+            return self.lost(node, &closed);
+        }
+        match e {
+            quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(c)) => {
+                self.lost(node, &c)
+            }
+            other => LaneError {
+                error: TransportError::Lost {
+                    peer: self.describe(node),
+                    reason: format!("lane stream read failed: {other}"),
+                },
+            },
+        }
+    }
+
+    fn missing(&self, node: usize) -> LaneError {
+        LaneError {
+            error: TransportError::Lost {
+                peer: self.describe(node),
+                reason: format!("no lane {} stream to this node", self.lane),
+            },
+        }
+    }
+
+    /// Executes a ring step list: sends to `next`, receives from `prev`, concurrently.
+    pub async fn ring(&mut self, job: RingJob<'_>) -> Result<(), LaneError> {
+        let per = self.frame_elems;
+        let dtype = job.dtype;
+        // recv_prefix[s] = frames received once step s has completed.
+        let mut recv_prefix = Vec::with_capacity(job.steps.len());
+        let mut acc = 0usize;
+        for st in job.steps {
+            acc += frame_count(&job.pieces[st.recv], per);
+            recv_prefix.push(acc);
+        }
+        let (tx, rx) = tokio::sync::watch::channel(0usize);
+        if !self.send.contains_key(&job.next) {
+            return Err(self.missing(job.next));
+        }
+        if !self.recv.contains_key(&job.prev) {
+            return Err(self.missing(job.prev));
+        }
+        // Split borrows: the sender owns the send stream, the receiver the recv stream.
+        let LaneLinks {
+            send,
+            recv,
+            enc,
+            dec,
+            progress,
+            sent,
+            ..
+        } = self;
+        let send = send.get_mut(&job.next).expect("checked above");
+        let recv = recv.get_mut(&job.prev).expect("checked above");
+        let buf = job.buf;
+
+        let sender = async {
+            let mut rx = rx;
+            for (s, st) in job.steps.iter().enumerate() {
+                for (f, fr) in frames(job.pieces[st.send].clone(), per).enumerate() {
+                    if s > 0 {
+                        let prev_frames = frame_count(&job.pieces[job.steps[s - 1].recv], per);
+                        let before = if s >= 2 { recv_prefix[s - 2] } else { 0 };
+                        let need = before + (f + 1).min(prev_frames);
+                        if rx.wait_for(|&c| c >= need).await.is_err() {
+                            // The receiver is gone; try_join reports its error.
+                            return Ok(());
+                        }
+                    }
+                    // SAFETY: this frame's range is final (received or own) and the receiver
+                    // writes only the current step's recv piece, which differs from it.
+                    let data = unsafe { buf.read(fr.clone()) };
+                    let payload: &[u8] = if dtype == WireDtype::F32 {
+                        bytemuck::cast_slice(data)
+                    } else {
+                        codec::encode(dtype, data, enc);
+                        if job.round_step == Some(s) {
+                            // SAFETY: as above; nothing else touches this piece meanwhile.
+                            let own = unsafe { buf.write(fr) };
+                            codec::decode(dtype, enc, own, Apply::Set);
+                        }
+                        enc
+                    };
+                    let hdr = FrameHeader {
+                        op: job.op,
+                        dtype,
+                        seq: job.seq,
+                        step: job.step_base + s as u32,
+                        chunk: f as u32,
+                        len: payload.len() as u32,
+                    };
+                    send.write_all(&hdr.encode()).await.map_err(Fail::Write)?;
+                    send.write_all(payload).await.map_err(Fail::Write)?;
+                    // A write that fits quinn's send buffer completes without yielding; let
+                    // the connection driver on this worker packetize between frames.
+                    tokio::task::yield_now().await;
+                    sent.fetch_add(
+                        (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
+            }
+            Ok::<(), Fail>(())
+        };
+
+        let receiver = async {
+            let mut done = 0usize;
+            let mut hb = [0u8; FRAME_HEADER_LEN];
+            for (s, st) in job.steps.iter().enumerate() {
+                for (f, fr) in frames(job.pieces[st.recv].clone(), per).enumerate() {
+                    let step = job.step_base + s as u32;
+                    progress.set(step, f as u32, job.prev);
+                    recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
+                    let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
+                        .map_err(Fail::Wire)?;
+                    let want = FrameHeader {
+                        op: job.op,
+                        dtype,
+                        seq: job.seq,
+                        step,
+                        chunk: f as u32,
+                        len: codec::encoded_len(dtype, fr.len()) as u32,
+                    };
+                    got.expect(&want).map_err(Fail::Wire)?;
+                    match (st.mode, dtype) {
+                        (RecvMode::Copy, WireDtype::F32) => {
+                            // SAFETY: only the receiver touches the current recv piece.
+                            let dst = unsafe { buf.write(fr) };
+                            recv.read_exact(bytemuck::cast_slice_mut(dst))
+                                .await
+                                .map_err(Fail::Read)?;
+                        }
+                        (mode, _) => {
+                            dec.resize(want.len as usize, 0);
+                            recv.read_exact(dec).await.map_err(Fail::Read)?;
+                            let how = match mode {
+                                RecvMode::Copy => Apply::Set,
+                                RecvMode::Reduce => Apply::Add,
+                            };
+                            // SAFETY: as above.
+                            let dst = unsafe { buf.write(fr) };
+                            codec::decode(dtype, dec, dst, how);
+                        }
+                    }
+                    done += 1;
+                    tx.send_replace(done);
+                }
+            }
+            Ok::<(), Fail>(())
+        };
+
+        match tokio::try_join!(sender, receiver) {
+            Ok(_) => Ok(()),
+            Err(Fail::Read(e)) => Err(self.read_err(job.prev, e).await),
+            Err(Fail::Wire(w)) => Err(self.protocol(job.prev, w)),
+            Err(Fail::Write(e)) => Err(self.write_err(job.next, e).await),
+        }
+    }
+
+    /// A chain broadcast of `pieces` (in order, as one stream of frames): receive each frame
+    /// from `from` (unless this node is the root), then forward it to `to` (unless last).
+    pub async fn chain(
+        &mut self,
+        buf: RawBuf,
+        pieces: &[Range<usize>],
+        from: Option<usize>,
+        to: Option<usize>,
+        op: u8,
+        seq: u64,
+    ) -> Result<(), LaneError> {
+        let per = self.frame_elems;
+        let mut chunk = 0u32;
+        let mut hb = [0u8; FRAME_HEADER_LEN];
+        for piece in pieces {
+            for fr in frames(piece.clone(), per) {
+                let want = FrameHeader {
+                    op,
+                    dtype: WireDtype::F32,
+                    seq,
+                    step: 0,
+                    chunk,
+                    len: (fr.len() * 4) as u32,
+                };
+                if let Some(p) = from {
+                    self.progress.set(0, chunk, p);
+                    if !self.recv.contains_key(&p) {
+                        return Err(self.missing(p));
+                    }
+                    let recv = self.recv.get_mut(&p).expect("checked");
+                    if let Err(e) = recv.read_exact(&mut hb).await {
+                        return Err(self.read_err(p, e).await);
+                    }
+                    let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
+                        .and_then(|g| g.expect(&want).map(|()| g));
+                    if let Err(w) = got {
+                        return Err(self.protocol(p, w));
+                    }
+                    // SAFETY: the chain touches one frame at a time, sequentially.
+                    let dst = unsafe { buf.write(fr.clone()) };
+                    let recv = self.recv.get_mut(&p).expect("checked");
+                    if let Err(e) = recv.read_exact(bytemuck::cast_slice_mut(dst)).await {
+                        return Err(self.read_err(p, e).await);
+                    }
+                }
+                if let Some(n) = to {
+                    // SAFETY: as above.
+                    let data = unsafe { buf.read(fr) };
+                    let send = match self.send.get_mut(&n) {
+                        Some(s) => s,
+                        None => return Err(self.missing(n)),
+                    };
+                    let r = match send.write_all(&want.encode()).await {
+                        Ok(()) => send.write_all(bytemuck::cast_slice(data)).await,
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = r {
+                        return Err(self.write_err(n, e).await);
+                    }
+                    tokio::task::yield_now().await;
+                    self.sent.fetch_add(
+                        (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
+                        std::sync::atomic::Ordering::Relaxed,
+                    );
+                }
+                chunk += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
+enum Fail {
+    Read(quinn::ReadExactError),
+    Wire(WireError),
+    Write(quinn::WriteError),
+}
