@@ -1,0 +1,288 @@
+//! `wiretrain train`'s settings: flags over `run.toml` over defaults, each checked once with a
+//! clear one-line error naming the flag (the trainer's own settings through its builder).
+
+use super::TrainArgs;
+use crate::cli::usage;
+use anyhow::Result;
+use serde::Deserialize;
+use std::path::PathBuf;
+use wiretrain::balance::Balance;
+use wiretrain::device::{DeviceSpec, parse_specs};
+use wiretrain::engine::{ConfigError, Diloco, TrainerConfig};
+use wiretrain::fit::CheckpointPlan;
+use wiretrain::models::Example;
+use wiretrain::strategy::Strategy;
+use wiretrain_comm::WireDtype;
+
+/// `run.toml`: the same names as the flags, with underscores.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    example: Option<String>,
+    strategy: Option<String>,
+    steps: Option<usize>,
+    global_batch: Option<usize>,
+    lr: Option<f64>,
+    seed: Option<u64>,
+    device: Option<String>,
+    share_device: Option<bool>,
+    bucket_bytes: Option<usize>,
+    accumulate: Option<usize>,
+    prefetch: Option<usize>,
+    wire_dtype: Option<String>,
+    fused_optimizer: Option<bool>,
+    balance: Option<String>,
+    shares: Option<String>,
+    inner_steps: Option<usize>,
+    inner_strategy: Option<String>,
+    outer_lr: Option<f32>,
+    outer_momentum: Option<f32>,
+    plot: Option<PathBuf>,
+    d_model: Option<usize>,
+    layers: Option<usize>,
+    checkpoint_every: Option<usize>,
+    checkpoint_dir: Option<PathBuf>,
+    checkpoint_keep: Option<usize>,
+    resume: Option<bool>,
+}
+
+/// The resolved run settings.
+#[derive(Debug, Clone)]
+pub(super) struct Run {
+    pub(super) example: Example,
+    /// The trainer's settings, checked once by its builder.
+    pub(super) trainer: TrainerConfig,
+    pub(super) steps: usize,
+    pub(super) global_batch: usize,
+    pub(super) seed: u64,
+    /// One per local rank, or a single one for all.
+    pub(super) device: Vec<DeviceSpec>,
+    pub(super) share_device: bool,
+    pub(super) accumulate: usize,
+    pub(super) balance: Balance,
+    pub(super) plot: Option<PathBuf>,
+    pub(super) d_model: usize,
+    pub(super) layers: usize,
+    pub(super) checkpoint: Option<CheckpointPlan>,
+}
+
+impl Run {
+    /// The strategy as the user named it (diloco runs on top of ddp).
+    pub(super) fn strategy_name(&self) -> String {
+        if self.trainer.diloco().is_some() {
+            "diloco".into()
+        } else {
+            self.trainer.strategy().to_string()
+        }
+    }
+}
+
+/// The flag behind a trainer configuration error (the builder checks what the flags set).
+fn flag_of(e: &ConfigError) -> &'static str {
+    match e {
+        ConfigError::Lr(_) => "--lr",
+        ConfigError::BucketTooSmall(_) => "--bucket-bytes",
+        ConfigError::Prefetch(_) => "--prefetch",
+        ConfigError::DilocoStrategy(_) => "--inner-strategy",
+        ConfigError::DilocoInnerSteps => "--inner-steps",
+        ConfigError::OuterLr(_) => "--outer-lr",
+        ConfigError::OuterMomentum(_) => "--outer-momentum",
+        _ => "the configuration",
+    }
+}
+
+impl TrainArgs {
+    pub(super) fn resolve(&self) -> Result<Run> {
+        let file: FileConfig = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p).map_err(|e| {
+                    crate::cli::usage_error(format!("--config {}: {e}", p.display()))
+                })?;
+                toml::from_str(&text).map_err(|e| {
+                    crate::cli::usage_error(format!("--config {}: {}", p.display(), e.message()))
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        let example: Example = self
+            .example
+            .clone()
+            .or(file.example)
+            .unwrap_or_else(|| "mlp".into())
+            .parse()
+            .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
+        let strategy = self
+            .strategy
+            .clone()
+            .or(file.strategy)
+            .unwrap_or_else(|| "ddp".into());
+        let diloco = (strategy == "diloco").then(|| {
+            let d = Diloco::default();
+            Diloco {
+                inner_steps: self
+                    .inner_steps
+                    .or(file.inner_steps)
+                    .unwrap_or(d.inner_steps),
+                outer_lr: self.outer_lr.or(file.outer_lr).unwrap_or(d.outer_lr),
+                outer_momentum: self
+                    .outer_momentum
+                    .or(file.outer_momentum)
+                    .unwrap_or(d.outer_momentum),
+            }
+        });
+        if diloco.is_none()
+            && (self.inner_steps.is_some()
+                || self.outer_lr.is_some()
+                || self.outer_momentum.is_some()
+                || self.inner_strategy.is_some())
+        {
+            usage!(
+                "--inner-steps, --inner-strategy, --outer-lr and --outer-momentum belong to \
+                 --strategy diloco"
+            );
+        }
+        let strategy: Strategy = if diloco.is_some() {
+            self.inner_strategy
+                .clone()
+                .or(file.inner_strategy)
+                .as_deref()
+                .unwrap_or("ddp")
+                .parse()
+                .map_err(|e| crate::cli::usage_error(format!("--inner-strategy: {e}")))?
+        } else {
+            strategy
+                .parse()
+                .map_err(|e| crate::cli::usage_error(format!("--strategy: {e} (or diloco)")))?
+        };
+        let device = self
+            .device
+            .clone()
+            .or(file.device)
+            .unwrap_or_else(|| "auto".into());
+        // One spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
+        let device: Vec<DeviceSpec> =
+            parse_specs(&device).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
+        let share_device = self.share_device || file.share_device.unwrap_or(false);
+        let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
+        let steps = self.steps.or(file.steps).unwrap_or(100);
+        if steps == 0 {
+            usage!("--steps must be at least 1");
+        }
+        let bucket_bytes = self.bucket_bytes.or(file.bucket_bytes).unwrap_or(25 << 20);
+        let accumulate = self.accumulate.or(file.accumulate).unwrap_or(1);
+        if accumulate == 0 {
+            usage!("--accumulate must be at least 1");
+        }
+        wiretrain::fit::check_accumulate(accumulate, strategy)
+            .map_err(|e| crate::cli::usage_error(format!("--accumulate: {e}")))?;
+        let d_model = self.d_model.or(file.d_model).unwrap_or(64);
+        if d_model == 0 || !d_model.is_multiple_of(4) || d_model > 8192 {
+            usage!(
+                "--d-model: {d_model} must be a positive multiple of 4 (the heads), at most 8192"
+            );
+        }
+        let layers = self.layers.or(file.layers).unwrap_or(2);
+        if !(1..=64).contains(&layers) {
+            usage!("--layers: {layers} is outside 1..=64");
+        }
+        let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
+        let wire: WireDtype = self
+            .wire_dtype
+            .clone()
+            .or(file.wire_dtype)
+            .unwrap_or_else(|| "f32".into())
+            .parse()
+            .map_err(|e| crate::cli::usage_error(format!("--wire-dtype: {e}")))?;
+        let balance = match (
+            self.shares.clone().or(file.shares),
+            self.balance.clone().or(file.balance).as_deref(),
+        ) {
+            (Some(list), None | Some("fixed")) => Balance::Fixed(
+                list.split(',')
+                    .map(|x| x.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| crate::cli::usage_error(format!("--shares {list:?}: {e}")))?,
+            ),
+            (Some(_), Some(b)) => {
+                usage!("--shares sets fixed shares; it cannot go with --balance {b}")
+            }
+            (None, None | Some("equal")) => Balance::Equal,
+            (None, Some("speed")) => Balance::Speed,
+            (None, Some(other)) => usage!("--balance: {other:?} is not equal or speed"),
+        };
+        if balance != Balance::Equal && accumulate > 1 {
+            usage!("--balance/--shares: uneven shares need --accumulate 1");
+        }
+        let plot = self
+            .plot
+            .clone()
+            .or(file.plot)
+            .or_else(|| self.metrics.as_ref().map(|m| m.with_extension("png")));
+        let every = self.checkpoint_every.or(file.checkpoint_every);
+        let keep = self.checkpoint_keep.or(file.checkpoint_keep).unwrap_or(2);
+        let resume = self.resume || file.resume.unwrap_or(false);
+        if every == Some(0) {
+            usage!("--checkpoint-every must be at least 1");
+        }
+        if keep == 0 {
+            usage!("--checkpoint-keep must be at least 1");
+        }
+        let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
+            Some(dir) => {
+                if resume && self.overwrite_checkpoints {
+                    usage!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
+                }
+                if !resume && !self.overwrite_checkpoints {
+                    // Refused here, before joining, with exit 2; the trainer checks again.
+                    wiretrain::checkpoint::ensure_unused(&dir)
+                        .map_err(|e| crate::cli::usage_error(format!("--checkpoint-dir: {e}")))?;
+                }
+                Some(CheckpointPlan {
+                    dir,
+                    every,
+                    keep,
+                    resume,
+                    overwrite: self.overwrite_checkpoints,
+                })
+            }
+            None if every.is_some() || resume => {
+                usage!("--checkpoint-every and --resume need --checkpoint-dir")
+            }
+            None => None,
+        };
+        let checkpoint_timeout = match self.checkpoint_timeout {
+            None => std::time::Duration::from_secs(600),
+            Some(t) if t.is_finite() && (1.0..=86_400.0).contains(&t) => {
+                std::time::Duration::from_secs_f64(t)
+            }
+            Some(t) => usage!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
+        };
+        let trainer = TrainerConfig::builder(strategy)
+            .lr(lr)
+            .bucket_bytes(bucket_bytes)
+            .prefetch(prefetch)
+            .wire(wire)
+            .fused_optimizer(!self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true))
+            .diloco(diloco)
+            .checkpoint_timeout(checkpoint_timeout)
+            // The binary is where the environment's injected faults enter (wiretrain::faults).
+            .faults(wiretrain::faults::Faults::from_env())
+            .build()
+            .map_err(|e| crate::cli::usage_error(format!("{}: {e}", flag_of(&e))))?;
+        Ok(Run {
+            checkpoint,
+            example,
+            trainer,
+            steps,
+            global_batch: self.global_batch.or(file.global_batch).unwrap_or(64),
+            seed: self.seed.or(file.seed).unwrap_or(1),
+            device,
+            share_device,
+            accumulate,
+            balance,
+            plot,
+            d_model,
+            layers,
+        })
+    }
+}
