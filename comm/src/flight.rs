@@ -9,6 +9,7 @@
 //! system temporary directory. The file is always created new: a name that already exists (a
 //! planted symlink, say) is never followed or overwritten.
 
+use crate::op::OpId;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::io::Write;
@@ -24,6 +25,10 @@ pub const CAPACITY: usize = 64;
 pub struct Entry {
     pub seq: u64,
     pub op: &'static str,
+    /// The group the call spans and numbers in ("world", "node" or "replica").
+    pub group: &'static str,
+    /// The group's size.
+    pub ranks: usize,
     pub bytes: usize,
     /// Element type between nodes ("f32", "bf16", ...).
     pub wire: &'static str,
@@ -90,14 +95,18 @@ impl FlightRecorder {
         self.t0.elapsed().as_secs_f64() * 1e3
     }
 
-    fn entry(&mut self, seq: u64) -> Option<&mut Entry> {
-        self.entries.iter_mut().rev().find(|e| e.seq == seq)
+    fn entry(&mut self, id: OpId) -> Option<&mut Entry> {
+        let group = id.group.name();
+        self.entries
+            .iter_mut()
+            .rev()
+            .find(|e| e.seq == id.seq && e.group == group)
     }
 
     pub fn submitted(
         &mut self,
-        seq: u64,
-        op: &'static str,
+        id: OpId,
+        ranks: usize,
         bytes: usize,
         wire: &'static str,
         tag: Option<&'static str>,
@@ -107,8 +116,10 @@ impl FlightRecorder {
         }
         let submitted_ms = self.now();
         self.entries.push_back(Entry {
-            seq,
-            op,
+            seq: id.seq,
+            op: id.kind.name(),
+            group: id.group.name(),
+            ranks,
             bytes,
             wire,
             tag,
@@ -121,26 +132,37 @@ impl FlightRecorder {
         });
     }
 
-    pub fn started(&mut self, seq: u64) {
+    pub fn started(&mut self, id: OpId) {
         let t = self.now();
-        if let Some(e) = self.entry(seq) {
+        if let Some(e) = self.entry(id) {
             e.started_ms = Some(t);
             e.state = "running".into();
         }
     }
 
     /// Records the inter-node part of a collective (before [`Self::finished`]).
-    pub fn inter_link(&mut self, seq: u64, inter: Option<(f64, u64)>) {
-        if let (Some((ms, bytes)), Some(e)) = (inter, self.entry(seq)) {
+    pub fn inter_link(&mut self, id: OpId, inter: Option<(f64, u64)>) {
+        if let (Some((ms, bytes)), Some(e)) = (inter, self.entry(id)) {
             e.inter_ms = Some(ms);
             e.inter_bytes = Some(bytes);
         }
     }
 
-    pub fn finished(&mut self, seq: u64, error: Option<String>) {
+    /// Ends a call that has not ended yet (one a failure cut short or kept from starting)
+    /// with `why`.
+    pub fn finish_open(&mut self, id: OpId, why: &str) {
+        if self
+            .entry(id)
+            .is_some_and(|e| e.state == "pending" || e.state == "running")
+        {
+            self.finished(id, Some(why.to_string()));
+        }
+    }
+
+    pub fn finished(&mut self, id: OpId, error: Option<String>) {
         let t = self.now();
         let keep = self.history.as_ref().is_some_and(|h| h.len() < HISTORY_CAP);
-        if let Some(e) = self.entry(seq) {
+        if let Some(e) = self.entry(id) {
             e.finished_ms = Some(t);
             e.state = error.unwrap_or_else(|| "ok".into());
             // Copied only while a trace keeps history: the common path allocates nothing.
@@ -235,19 +257,31 @@ mod tests {
 
     #[test]
     fn keeps_the_last_collectives_and_their_outcome() {
+        use crate::op::{Group, OpKind};
+        let id = |kind, group, seq| OpId { kind, group, seq };
         let mut f = FlightRecorder::new(3);
         for seq in 1..=(CAPACITY as u64 + 10) {
-            f.submitted(seq, "all_reduce", 4 * seq as usize, "f32", None);
-            f.started(seq);
-            f.finished(seq, None);
+            let a = id(OpKind::AllReduce, Group::World, seq);
+            f.submitted(a, 4, 4 * seq as usize, "f32", None);
+            f.started(a);
+            f.finished(a, None);
         }
-        f.submitted(1000, "all_gather", 64, "f32", Some("grad bucket"));
-        f.started(1000);
-        f.finished(1000, Some("connection to node 1 lost".into()));
+        // The same number in two groups: two calls, each ended on its own.
+        let g = id(OpKind::AllGather, Group::Node, 1000);
+        let r = id(OpKind::AllReduce, Group::Replica, 1000);
+        f.submitted(g, 2, 64, "f32", Some("grad bucket"));
+        f.submitted(r, 2, 64, "f32", None);
+        f.started(g);
+        f.finished(g, Some("connection to node 1 lost".into()));
+        f.finish_open(g, "not this");
+        f.finish_open(r, "cut short");
         let e = f.entries();
         assert_eq!(e.len(), CAPACITY);
-        assert_eq!(e[0].seq, 12);
-        assert_eq!(e.last().unwrap().state, "connection to node 1 lost");
+        assert_eq!(e[0].seq, 13);
+        assert_eq!(e[CAPACITY - 2].state, "connection to node 1 lost");
+        assert_eq!(e[CAPACITY - 2].group, "node");
+        assert_eq!(e.last().unwrap().state, "cut short");
+        assert_eq!(e.last().unwrap().started_ms, None);
         let dir = std::env::temp_dir().join(format!("wt-flight-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         // SAFETY: this unit test is the only one in the crate that reads this variable.
@@ -255,8 +289,8 @@ mod tests {
         let p = f.dump_once().unwrap();
         let v: serde_json::Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();
         assert_eq!(v["collectives"].as_array().unwrap().len(), CAPACITY);
-        assert_eq!(v["collectives"][CAPACITY - 1]["op"], "all_gather");
-        assert_eq!(v["collectives"][CAPACITY - 1]["tag"], "grad bucket");
+        assert_eq!(v["collectives"][CAPACITY - 2]["op"], "all_gather");
+        assert_eq!(v["collectives"][CAPACITY - 2]["tag"], "grad bucket");
         assert!(v["collectives"][0].get("tag").is_none());
         assert_eq!(f.dump_once().unwrap(), p);
         // A name planted in advance (a symlink to a file of someone else's) is not followed.

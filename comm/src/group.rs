@@ -23,9 +23,9 @@
 //! bit-identical values. Broadcast and p2p always carry f32.
 
 use crate::abort::Aborter;
-use crate::algo::Layout;
+use crate::algo::Scopes;
 use crate::error::{CollectiveError, Error};
-pub use crate::op::{OpId, OpKind};
+pub use crate::op::{Group, OpId, OpKind};
 use crate::topology::RankTable;
 use crate::wire::WireDtype;
 use std::fmt;
@@ -100,13 +100,39 @@ fn keep_or_leak(r: Result<(), Error>, buf: ManuallyDrop<Vec<f32>>) -> Result<Vec
     }
 }
 
+/// Records the calls of one job in the flight recorder as the executor runs them.
+struct Steps {
+    flight: Arc<std::sync::Mutex<crate::flight::FlightRecorder>>,
+}
+
+impl Steps {
+    /// Runs call `id` with `f`, recording when it started and finished and how it ended.
+    fn step<T>(
+        &self,
+        ex: &mut Executor,
+        id: OpId,
+        f: impl FnOnce(&mut Executor) -> Result<T, Error>,
+    ) -> Result<T, Error> {
+        lock(&self.flight).started(id);
+        ex.inter = None;
+        let r = f(ex);
+        let mut fl = lock(&self.flight);
+        fl.inter_link(id, ex.inter.take());
+        fl.finished(id, r.as_ref().err().map(|e| crate::error::report(e)));
+        r
+    }
+}
+
 /// The handle of one rank: submit collectives here. Owned by the rank's thread.
 pub struct ProcessGroup {
     rank: usize,
     local_rank: usize,
     node: usize,
     table: Arc<RankTable>,
-    next_seq: u64,
+    /// This rank's view of each group (world, node, replica).
+    scopes: Arc<Scopes>,
+    /// The last sequence number of each group, indexed by `Group::index`.
+    seqs: [u64; 3],
     tx: Option<mpsc::Sender<Job>>,
     worker: Option<std::thread::JoinHandle<()>>,
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
@@ -228,46 +254,78 @@ impl ProcessGroup {
         opts: CallOpts,
         run: impl FnOnce(&mut Executor, OpId) -> Result<T, Error> + Send + 'static,
     ) -> Work<T> {
-        self.next_seq += 1;
-        let id = OpId {
-            kind,
-            seq: self.next_seq,
-        };
+        self.submit_steps(&[(kind, opts.group)], bytes, opts, move |ex, ids, rec| {
+            rec.step(ex, ids[0], |ex| run(ex, ids[0]))
+        })
+    }
+
+    /// Submits one job of consecutive calls, each `(kind, group)` numbered in its own group;
+    /// `run` executes them, each through [`Steps::step`] (which records it in the flight
+    /// recorder). The job's wire dtype is that of its first call.
+    fn submit_steps<T: Send + 'static>(
+        &mut self,
+        calls: &[(OpKind, Group)],
+        bytes: usize,
+        opts: CallOpts,
+        run: impl FnOnce(&mut Executor, &[OpId], &Steps) -> Result<T, Error> + Send + 'static,
+    ) -> Work<T> {
+        let ids: Vec<OpId> = calls
+            .iter()
+            .map(|&(kind, group)| {
+                let seq = &mut self.seqs[group.index()];
+                *seq += 1;
+                OpId {
+                    kind,
+                    group,
+                    seq: *seq,
+                }
+            })
+            .collect();
         let (rtx, rx) = mpsc::sync_channel(1);
-        let wire = match kind {
-            OpKind::AllReduce
-            | OpKind::ReduceScatter
-            | OpKind::AllGather
-            | OpKind::HybridReduce
-            | OpKind::Barrier => opts.wire.unwrap_or(self.wire),
+        let wire = match calls[0].0 {
+            OpKind::AllReduce | OpKind::ReduceScatter | OpKind::AllGather | OpKind::Barrier => {
+                opts.wire.unwrap_or(self.wire)
+            }
             _ => WireDtype::F32,
         };
-        lock(&self.flight).submitted(id.seq, kind.name(), bytes, wire.name(), opts.tag);
-        let flight = self.flight.clone();
+        {
+            let mut f = lock(&self.flight);
+            for id in &ids {
+                let ranks = self.group_rank(id.group).map_or(1, |(_, n)| n);
+                f.submitted(*id, ranks, bytes, wire.name(), opts.tag);
+            }
+        }
+        let rec = Steps {
+            flight: self.flight.clone(),
+        };
         let rank = self.rank;
         let timeout = self.timeout;
+        let last = *ids.last().expect("at least one call");
         let job: Job = Box::new(move |ex: &mut Executor| {
-            lock(&flight).started(id.seq);
-            ex.inter = None;
             ex.wire = wire;
             ex.timeout = timeout;
             // A panic fails the node here, so this collective's caller gets its message (the
             // buffer it held is leaked: see `keep_or_leak`).
-            let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run(ex, id))) {
+            let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                run(ex, &ids, &rec)
+            })) {
                 Ok(r) => r,
                 Err(p) => Err(ex.panicked(&crate::abort::panic_message(&*p))),
             };
-            let mut f = lock(&flight);
-            f.inter_link(id.seq, ex.inter.take());
-            f.finished(id.seq, r.as_ref().err().map(|e| crate::error::report(e)));
-            if r.is_err()
-                && let Some(p) = f.dump_once()
-            {
-                tracing::error!(
-                    "rank {rank}: flight recorder (last {} collectives) written to {}",
-                    crate::flight::CAPACITY,
-                    p.display()
-                );
+            let mut f = lock(&rec.flight);
+            if let Err(e) = &r {
+                // Calls the error cut short (or never started) end with it.
+                let why = crate::error::report(e);
+                for id in &ids {
+                    f.finish_open(*id, &why);
+                }
+                if let Some(p) = f.dump_once() {
+                    tracing::error!(
+                        "rank {rank}: flight recorder (last {} collectives) written to {}",
+                        crate::flight::CAPACITY,
+                        p.display()
+                    );
+                }
             }
             drop(f);
             let _ = rtx.send(r);
@@ -276,7 +334,7 @@ impl ProcessGroup {
             let _ = tx.send(job);
         }
         Work {
-            id,
+            id: last,
             rank: self.rank,
             rx,
             gone: self.gone.clone(),
@@ -285,13 +343,42 @@ impl ProcessGroup {
 
     /// A call rejected before submission: it gets no sequence number, so the group's
     /// numbering stays aligned with the other ranks.
-    fn invalid<T: Send + 'static>(&mut self, kind: OpKind, why: String) -> Work<T> {
+    fn invalid<T: Send + 'static>(&mut self, kind: OpKind, group: Group, why: String) -> Work<T> {
+        self.ready(kind, group, Err(CollectiveError::InvalidCall(why).into()))
+    }
+
+    /// A call from a rank outside its group (the replica group of a rank past the smallest
+    /// node's rank count), answered at once: an empty buffer is nothing to do, anything else
+    /// is refused.
+    fn outside(&mut self, kind: OpKind, group: Group, len: usize) -> Work<Vec<f32>> {
+        if len == 0 {
+            return self.ready(kind, group, Ok(Vec::new()));
+        }
+        let why = format!(
+            "rank {} (local rank {}) has no {} group: a node hosts fewer ranks, so only the \
+             first {} local ranks have replicas on every node; call it with an empty buffer",
+            self.rank,
+            self.local_rank,
+            group.name(),
+            self.table.lanes()
+        );
+        self.invalid(kind, group, why)
+    }
+
+    /// A call answered at once, without a sequence number (refused, or nothing to do).
+    fn ready<T: Send + 'static>(
+        &mut self,
+        kind: OpKind,
+        group: Group,
+        r: Result<T, Error>,
+    ) -> Work<T> {
         let (tx, rx) = mpsc::sync_channel(1);
-        let _ = tx.send(Err(CollectiveError::InvalidCall(why).into()));
+        let _ = tx.send(r);
         Work {
             id: OpId {
                 kind,
-                seq: self.next_seq,
+                group,
+                seq: self.seqs[group.index()],
             },
             rank: self.rank,
             rx,
@@ -336,7 +423,7 @@ impl ProcessGroup {
                 "broadcast root {root} is not below world size {}",
                 self.world()
             );
-            return self.invalid(OpKind::Broadcast, why);
+            return self.invalid(OpKind::Broadcast, Group::World, why);
         }
         self.submit(
             OpKind::Broadcast,
@@ -344,8 +431,7 @@ impl ProcessGroup {
             CallOpts::default(),
             move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, root, ReduceOp::Sum);
+                let r = ex.collective(id, &mut buf, root, ReduceOp::Sum);
                 keep_or_leak(r, buf)
             },
         )
@@ -355,45 +441,26 @@ impl ProcessGroup {
     pub fn barrier(&mut self) -> Result<(), Error> {
         self.submit(OpKind::Barrier, 0, CallOpts::default(), |ex, id| {
             let mut one = ManuallyDrop::new(vec![0.0f32]);
-            let r = ex.collective(id, &mut one, 1, 0, ReduceOp::Sum);
+            let r = ex.collective(id, &mut one, 0, ReduceOp::Sum);
             keep_or_leak(r, one).map(|_| ())
         })
         .wait()
     }
 
-    /// The ranges of a buffer of `len` elements this rank owns in hybrid sharding: its node's
-    /// share, cut among the node's ranks, identical (by position) on every node. Empty for a
-    /// rank beyond the smallest node's rank count.
-    pub fn node_pieces(&self, len: usize) -> Vec<std::ops::Range<usize>> {
-        let lay = Layout::new(&self.table, len);
-        if self.local_rank < lay.lanes() {
-            lay.lane_pieces(self.local_rank)
-        } else {
-            Vec::new()
-        }
-    }
-    /// Hybrid sharding's gradient reduction, in place: `buf` comes back reduced over all ranks
-    /// on [`ProcessGroup::node_pieces`] (the rest is scratch). See [`Call::hybrid_reduce_in_place`].
-    pub fn hybrid_reduce_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.call(CallOpts::default())
-            .hybrid_reduce_in_place(buf, op)
+    /// This rank's place in `group`: its rank there and the group's size; `None` for the
+    /// replica group of a rank past the smallest node's rank count (it has no replica on
+    /// that node).
+    pub fn group_rank(&self, group: Group) -> Option<(usize, usize)> {
+        self.scopes.get(group).map(|s| (s.rank(), s.size()))
     }
 
-    /// Gather inside the node only. See [`Call::node_gather_in_place`].
-    pub fn node_gather_in_place(&mut self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.call(CallOpts::default()).node_gather_in_place(buf)
-    }
-
-    /// All-reduce among the ranks of this node only. See [`Call::node_all_reduce`].
-    pub fn node_all_reduce(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.call(CallOpts::default()).node_all_reduce(buf, op)
-    }
-
-    /// Reduction among the ranks of this node only, kept on the node pieces. See
-    /// [`Call::node_reduce_scatter_in_place`].
-    pub fn node_reduce_scatter_in_place(&mut self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.call(CallOpts::default())
-            .node_reduce_scatter_in_place(buf, op)
+    /// This rank's shard of `len` elements in `group`: what a reduce-scatter on that group
+    /// leaves it and an all-gather takes from it. In the node group the shards are the same
+    /// positions on every node (the node cuts into as many shards as the smallest node has
+    /// ranks; ranks past them own an empty shard), so the replica group of a rank holds the
+    /// same elements: hybrid sharding's shard.
+    pub fn group_shard(&self, group: Group, len: usize) -> std::ops::Range<usize> {
+        self.scopes.get(group).map_or(len..len, |s| s.shard(len))
     }
 
     /// Raw transport measurement: lane owners send the first half of `buf` to the next node
@@ -423,7 +490,7 @@ impl Drop for ProcessGroup {
         } else {
             self.aborter.leave(&format!(
                 "left the job after its collective #{} (its process group was dropped)",
-                self.next_seq
+                self.seqs[Group::World.index()]
             ));
         }
         self.tx.take();

@@ -1,6 +1,7 @@
-//! What a collective call is: its kind (with the code its frames carry between nodes) and its
-//! identity, the kind and the group's sequence number. Below `group` and the transports, which
-//! both name calls this way.
+//! What a collective call is: its kind (with the code its frames carry between nodes), the
+//! group it spans (the whole world, or one of the two sub-groups of the node × lane mesh), and
+//! its identity, the kind, the group and the group's sequence number. Below `group` and the
+//! transports, which both name calls this way.
 
 use std::fmt;
 
@@ -13,20 +14,10 @@ pub enum OpKind {
     Broadcast,
     Barrier,
     P2p,
-    /// All-reduce whose result is kept only where this rank owns it: its node pieces
-    /// ([`ProcessGroup::node_pieces`]); no gather inside the node.
-    HybridReduce,
-    /// Gather inside the node only: every rank contributes its node pieces.
-    NodeGather,
-    /// All-reduce among the ranks of each node only (shared memory, nothing between nodes).
-    NodeReduce,
-    /// Reduction among the ranks of each node only, kept where this rank owns it (its node
-    /// pieces, as [`OpKind::HybridReduce`]); nothing between nodes.
-    NodeReduceScatter,
 }
 
 impl OpKind {
-    pub const MAX_CODE: u8 = 10;
+    pub const MAX_CODE: u8 = 6;
 
     pub fn code(self) -> u8 {
         match self {
@@ -36,10 +27,6 @@ impl OpKind {
             Self::Broadcast => 4,
             Self::Barrier => 5,
             Self::P2p => 6,
-            Self::HybridReduce => 7,
-            Self::NodeGather => 8,
-            Self::NodeReduce => 9,
-            Self::NodeReduceScatter => 10,
         }
     }
 
@@ -51,23 +38,70 @@ impl OpKind {
             Self::Broadcast => "broadcast",
             Self::Barrier => "barrier",
             Self::P2p => "p2p",
-            Self::HybridReduce => "hybrid_reduce",
-            Self::NodeGather => "node_gather",
-            Self::NodeReduce => "node_reduce",
-            Self::NodeReduceScatter => "node_reduce_scatter",
         }
     }
 }
 
-/// The identity of one collective call: its kind and the group's sequence number.
+/// The ranks a call spans. A job's ranks form a two-dimensional mesh, nodes × local ranks (as
+/// torch's `DeviceMesh` with a replicate and a shard dimension), and each axis is a sub-group:
+///
+/// * [`Group::Node`]: the ranks of this rank's node (shared memory only, nothing crosses
+///   nodes);
+/// * [`Group::Replica`]: the same local rank on every node (its lane: one rank per node, only
+///   QUIC between them).
+///
+/// Every group numbers its own calls, so a sub-group's calls never shift another group's
+/// numbering, and frames between nodes carry the group with the number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Group {
+    /// Every rank of the job.
+    #[default]
+    World,
+    /// The ranks of this rank's node.
+    Node,
+    /// Local rank `l` of every node (only ranks below the smallest node's rank count have
+    /// replicas on every node; see [`crate::ProcessGroup::group_shard`]).
+    Replica,
+}
+
+impl Group {
+    pub const ALL: [Group; 3] = [Group::World, Group::Node, Group::Replica];
+    pub const MAX_CODE: u8 = 2;
+
+    pub fn code(self) -> u8 {
+        match self {
+            Self::World => 0,
+            Self::Node => 1,
+            Self::Replica => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::World => "world",
+            Self::Node => "node",
+            Self::Replica => "replica",
+        }
+    }
+
+    pub(crate) fn index(self) -> usize {
+        self.code() as usize
+    }
+}
+
+/// The identity of one collective call: its kind, its group and the group's sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpId {
     pub kind: OpKind,
+    pub group: Group,
     pub seq: u64,
 }
 
 impl fmt::Display for OpId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}#{}", self.kind.name(), self.seq)
+        match self.group {
+            Group::World => write!(f, "{}#{}", self.kind.name(), self.seq),
+            g => write!(f, "{}.{}#{}", g.name(), self.kind.name(), self.seq),
+        }
     }
 }

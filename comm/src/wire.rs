@@ -15,7 +15,7 @@ use serde::{Serialize, de::DeserializeOwned};
 /// "WTRN" on the wire.
 pub const MAGIC: u32 = 0x5754_524e;
 /// Bumped on any incompatible change; checked at rendezvous.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 pub const FRAME_HEADER_LEN: usize = 32;
 pub const STREAM_HEADER_LEN: usize = 16;
 /// The largest payload one frame may carry.
@@ -85,6 +85,8 @@ impl std::str::FromStr for WireDtype {
 pub struct FrameHeader {
     /// Collective kind code (see `op::OpKind`).
     pub op: u8,
+    /// The group the call spans (see `op::Group`): its sequence numbers are its own.
+    pub group: u8,
     pub dtype: WireDtype,
     /// The collective's sequence number in its process group.
     pub seq: u64,
@@ -103,6 +105,7 @@ impl FrameHeader {
         b[4] = 1; // frame kind: data
         b[5] = self.op;
         b[6] = self.dtype as u8;
+        b[7] = self.group;
         b[8..16].copy_from_slice(&self.seq.to_le_bytes());
         b[16..20].copy_from_slice(&self.step.to_le_bytes());
         b[20..24].copy_from_slice(&self.chunk.to_le_bytes());
@@ -129,6 +132,12 @@ impl FrameHeader {
             });
         }
         let dtype = WireDtype::from_u8(b[6])?;
+        if b[7] > crate::op::Group::MAX_CODE {
+            return Err(WireError::UnknownValue {
+                field: "group",
+                value: b[7].into(),
+            });
+        }
         let len = u32::from_le_bytes(b[24..28].try_into().unwrap());
         if len as usize > MAX_FRAME_PAYLOAD {
             return Err(WireError::Oversized {
@@ -138,6 +147,7 @@ impl FrameHeader {
         }
         Ok(Self {
             op: b[5],
+            group: b[7],
             dtype,
             seq: u64::from_le_bytes(b[8..16].try_into().unwrap()),
             step: u32::from_le_bytes(b[16..20].try_into().unwrap()),
@@ -159,8 +169,8 @@ impl FrameHeader {
 
     pub fn describe(&self) -> String {
         format!(
-            "op {} seq {} step {} chunk {} ({} bytes {:?})",
-            self.op, self.seq, self.step, self.chunk, self.len, self.dtype
+            "op {} group {} seq {} step {} chunk {} ({} bytes {:?})",
+            self.op, self.group, self.seq, self.step, self.chunk, self.len, self.dtype
         )
     }
 }
@@ -234,6 +244,7 @@ mod tests {
     fn hdr() -> FrameHeader {
         FrameHeader {
             op: 2,
+            group: 2,
             dtype: WireDtype::F32,
             seq: 77,
             step: 3,
@@ -249,6 +260,13 @@ mod tests {
         assert!(h.expect(&h).is_ok());
         let mut other = h;
         other.seq = 78;
+        assert!(matches!(
+            other.expect(&h),
+            Err(WireError::Unexpected { .. })
+        ));
+        // The same number in another group is another call.
+        let mut other = h;
+        other.group = 0;
         assert!(matches!(
             other.expect(&h),
             Err(WireError::Unexpected { .. })
@@ -278,6 +296,12 @@ mod tests {
         let mut b = hdr().encode();
         b[6] = 9;
         assert!(FrameHeader::decode(&b, 6).is_err());
+        let mut b = hdr().encode();
+        b[7] = 3;
+        assert!(matches!(
+            FrameHeader::decode(&b, 6),
+            Err(WireError::UnknownValue { field: "group", .. })
+        ));
         assert!(control_len((u32::MAX).to_le_bytes()).is_err());
         assert!(decode_control::<Vec<u32>>(b"{not json").is_err());
     }

@@ -86,6 +86,7 @@ fn garbage_frame_closes_the_connection() {
 fn oversized_frame_is_rejected_before_allocation() {
     let mut h = FrameHeader {
         op: 1,
+        group: 0,
         dtype: WireDtype::F32,
         seq: 1,
         step: 0,
@@ -104,6 +105,7 @@ fn frame_from_another_collective_is_rejected() {
     // Well-formed, but for sequence number 7 where the receiver expects 1.
     let h = FrameHeader {
         op: 1,
+        group: 0,
         dtype: WireDtype::F32,
         seq: 7,
         step: 0,

@@ -6,7 +6,7 @@ mod common;
 
 use common::cluster;
 use wiretrain_comm::bench::{BenchOp, BenchSpec, run_rank};
-use wiretrain_comm::{ReduceOp, WireDtype};
+use wiretrain_comm::{CallOpts, Group, ReduceOp, WireDtype};
 
 fn check_shape(shape: &[usize], sizes: &[usize], iters: usize) {
     check_shape_wire(shape, sizes, iters, WireDtype::F32);
@@ -175,9 +175,10 @@ fn invalid_calls_are_errors_not_panics() {
     assert!(e2.contains("shard has 2 elements"), "{e2}");
 }
 
-/// Hybrid sharding's two collectives: after `hybrid_reduce_in_place` every rank holds the sum
-/// over all ranks on its node pieces; the node pieces of one node's ranks partition the buffer
-/// and are the same positions on every node; `node_gather_in_place` completes the buffer from
+/// Hybrid sharding on the node × lane mesh: after `hybrid_reduce_in_place` (a node-group
+/// reduce-scatter, then a replica-group all-reduce of the shard) every rank holds the sum over
+/// all ranks on its node shard; the node shards of one node's ranks partition the buffer and
+/// are the same positions on every node; a node-group all-gather completes the buffer from
 /// the node's own ranks.
 #[test]
 fn hybrid_reduce_and_node_gather() {
@@ -185,46 +186,48 @@ fn hybrid_reduce_and_node_gather() {
         let res = cluster(
             &shape,
             "tok",
-            |mut pg| -> Result<Vec<std::ops::Range<usize>>, String> {
+            |mut pg| -> Result<std::ops::Range<usize>, String> {
                 let len = 1003;
                 let world = pg.world();
                 let input: Vec<f32> = (0..len).map(|i| (pg.rank() * 7 + i % 13) as f32).collect();
                 let want: Vec<f32> = (0..len)
                     .map(|i| (0..world).map(|r| (r * 7 + i % 13) as f32).sum())
                     .collect();
-                let pieces = pg.node_pieces(len);
+                let shard = pg.group_shard(Group::Node, len);
                 let out = pg
+                    .call(CallOpts::default())
                     .hybrid_reduce_in_place(input, ReduceOp::Sum)
                     .wait()
                     .map_err(|e| e.to_string())?;
-                for r in &pieces {
-                    if out[r.clone()] != want[r.clone()] {
-                        return Err(format!("rank {} piece {r:?} not reduced", pg.rank()));
-                    }
+                if out[shard.clone()] != want[shard.clone()] {
+                    return Err(format!("rank {} shard {shard:?} not reduced", pg.rank()));
                 }
-                // Each rank writes rank-tagged values on its pieces; the node gather fills the rest.
+                // Each rank writes its values on its shard; the node gather fills the rest.
                 let mut buf = vec![f32::NAN; len];
-                for r in &pieces {
-                    for i in r.clone() {
-                        buf[i] = want[i] + 0.5;
-                    }
+                for i in shard.clone() {
+                    buf[i] = want[i] + 0.5;
                 }
+                let before = pg.bytes_sent();
                 let full = pg
-                    .node_gather_in_place(buf)
+                    .call(CallOpts::default().on(Group::Node))
+                    .all_gather_in_place(buf)
                     .wait()
                     .map_err(|e| e.to_string())?;
                 // A rank beyond the smallest node's count owns nothing but still gets everything.
                 if full.iter().zip(&want).any(|(a, b)| *a != b + 0.5) {
                     return Err(format!("rank {} gathered a wrong buffer", pg.rank()));
                 }
-                Ok(pieces)
+                if pg.bytes_sent() != before {
+                    return Err("the node gather sent bytes to other nodes".into());
+                }
+                Ok(shard)
             },
         );
-        let nodes: Vec<Vec<Vec<std::ops::Range<usize>>>> = res
+        let nodes: Vec<Vec<std::ops::Range<usize>>> = res
             .into_iter()
             .map(|n| n.unwrap().into_iter().map(|r| r.unwrap()).collect())
             .collect();
-        // Same positions on every node; a node's pieces cover the buffer exactly once.
+        // Same positions on every node; a node's shards cover the buffer exactly once.
         let lanes = *shape.iter().min().unwrap();
         for node in &nodes {
             let mut cover = vec![0u32; 1003];
@@ -232,21 +235,19 @@ fn hybrid_reduce_and_node_gather() {
                 if l < lanes {
                     assert_eq!(p, &nodes[0][l], "{shape:?}: lane {l} differs between nodes");
                 }
-                for r in p {
-                    r.clone().for_each(|i| cover[i] += 1);
-                }
+                p.clone().for_each(|i| cover[i] += 1);
                 assert_eq!(p.is_empty(), l >= lanes, "{shape:?}: lane {l}");
             }
             assert!(
                 cover.iter().all(|&c| c == 1),
-                "{shape:?}: pieces partition the buffer"
+                "{shape:?}: shards partition the buffer"
             );
         }
     }
 }
 
-/// `node_all_reduce` and `node_reduce_scatter_in_place`: each node's ranks reduce among
-/// themselves over shared memory, uneven node sizes included, and not one byte crosses nodes.
+/// The node group: each node's ranks reduce among themselves over shared memory, uneven node
+/// sizes included, and not one byte crosses nodes.
 #[test]
 fn node_all_reduce_stays_inside_the_node() {
     for shape in [vec![2, 2], vec![3, 1], vec![1, 3]] {
@@ -254,27 +255,29 @@ fn node_all_reduce_stays_inside_the_node() {
             let before = pg.bytes_sent();
             let r = pg.rank() as f32;
             let len = 1001;
+            let node = CallOpts::default().on(Group::Node);
             let sum = pg
-                .node_all_reduce(vec![r; len], ReduceOp::Sum)
+                .call(node)
+                .all_reduce(vec![r; len], ReduceOp::Sum)
                 .wait()
                 .map_err(|e| e.to_string())?;
             let mean = pg
-                .node_all_reduce(vec![r; len], ReduceOp::Mean)
+                .call(node)
+                .all_reduce(vec![r; len], ReduceOp::Mean)
                 .wait()
                 .map_err(|e| e.to_string())?;
-            // Element i of rank r is r + i % 7: the node mean on this rank's pieces.
+            // Element i of rank r is r + i % 7: the node mean on this rank's shard.
             let vals: Vec<f32> = (0..len).map(|i| r + (i % 7) as f32).collect();
             let rs = pg
-                .node_reduce_scatter_in_place(vals, ReduceOp::Mean)
+                .call(node)
+                .reduce_scatter_in_place(vals, ReduceOp::Mean)
                 .wait()
                 .map_err(|e| e.to_string())?;
-            let pieces: Vec<(usize, f32)> = pg
-                .node_pieces(len)
-                .into_iter()
-                .flatten()
+            let shard: Vec<(usize, f32)> = pg
+                .group_shard(Group::Node, len)
                 .map(|i| (i, rs[i]))
                 .collect();
-            Ok::<_, String>((pg.node(), sum, mean, pieces, pg.bytes_sent() - before))
+            Ok::<_, String>((pg.node(), sum, mean, shard, pg.bytes_sent() - before))
         });
         for (n, node) in res.into_iter().enumerate() {
             let ranks = node.expect("node");
@@ -282,19 +285,93 @@ fn node_all_reduce_stays_inside_the_node() {
             let want: f32 = (first..first + shape[n]).map(|r| r as f32).sum();
             let mut covered = 0;
             for r in ranks {
-                let (node, sum, mean, pieces, sent) = r.expect("rank");
+                let (node, sum, mean, shard, sent) = r.expect("rank");
                 assert_eq!(node, n);
                 assert!(sum.iter().all(|&x| x == want), "{shape:?} node {n}");
                 let m = want / shape[n] as f32;
                 assert!(mean.iter().all(|&x| x == m), "{shape:?} node {n} mean");
-                for (i, x) in &pieces {
+                for (i, x) in &shard {
                     let w = (want + (shape[n] * (i % 7)) as f32) / shape[n] as f32;
                     assert_eq!(*x, w, "{shape:?} node {n} reduce-scatter element {i}");
                 }
-                covered += pieces.len();
+                covered += shard.len();
                 assert_eq!(sent, 0, "{shape:?}: bytes crossed nodes");
             }
-            assert_eq!(covered, 1001, "{shape:?} node {n}: pieces cover the buffer");
+            assert_eq!(covered, 1001, "{shape:?} node {n}: shards cover the buffer");
+        }
+    }
+}
+
+/// Sub-groups number their own calls: node 0's ranks make node-group calls that node 1's
+/// ranks never make, and the world and replica calls after them still meet. A replica-group
+/// all-reduce sums local rank l over the nodes (over QUIC, in a narrow wire dtype here), and
+/// a rank with no replica on some node is refused with a clear error unless its buffer is
+/// empty.
+#[test]
+fn sub_groups_number_their_own_calls() {
+    for shape in [vec![2, 2], vec![2, 3]] {
+        let res = cluster(&shape, "test-token", move |mut pg| {
+            let err = |e: wiretrain_comm::Error| e.to_string();
+            let (r, len) = (pg.rank() as f32, 5003);
+            if pg.node() == 0 {
+                for _ in 0..3 {
+                    pg.call(CallOpts::default().on(Group::Node))
+                        .all_reduce(vec![r; 8], ReduceOp::Sum)
+                        .wait()
+                        .map_err(err)?;
+                }
+            }
+            let world = pg
+                .all_reduce(vec![r; len], ReduceOp::Sum)
+                .wait()
+                .map_err(err)?;
+            let replica = CallOpts::wire(WireDtype::Bf16).on(Group::Replica);
+            let rep = pg
+                .call(replica)
+                .all_reduce(vec![r; len], ReduceOp::Sum)
+                .wait();
+            let empty = pg
+                .call(replica)
+                .all_reduce(Vec::new(), ReduceOp::Sum)
+                .wait();
+            let ids = pg
+                .flight_recorder()
+                .iter()
+                .map(|e| format!("{}.{}#{}", e.group, e.op, e.seq))
+                .collect::<Vec<_>>();
+            Ok::<_, String>((
+                pg.local_rank(),
+                world[0],
+                rep.map(|v| v[0]).map_err(err),
+                empty.is_ok(),
+                ids,
+            ))
+        });
+        let world: f32 = (0..shape.iter().sum::<usize>()).map(|r| r as f32).sum();
+        let lanes = *shape.iter().min().unwrap();
+        for (n, node) in res.into_iter().enumerate() {
+            for r in node.expect("node") {
+                let (l, w, rep, empty, ids) = r.expect("rank");
+                assert_eq!(w, world, "{shape:?}");
+                assert!(empty, "{shape:?}: an empty replica call is nothing to do");
+                if l < lanes {
+                    // Local rank l of node m is global rank first(m) + l.
+                    let want: f32 = (0..shape.len())
+                        .map(|m| (shape[..m].iter().sum::<usize>() + l) as f32)
+                        .sum();
+                    assert_eq!(rep, Ok(want), "{shape:?} node {n} local {l}");
+                    assert!(ids.contains(&"replica.all_reduce#1".to_string()), "{ids:?}");
+                } else {
+                    let e = rep.expect_err("no replica group");
+                    assert!(e.contains("has no replica group"), "{e}");
+                }
+                assert!(ids.contains(&"world.all_reduce#1".to_string()), "{ids:?}");
+                assert_eq!(
+                    ids.contains(&"node.all_reduce#3".to_string()),
+                    n == 0,
+                    "{ids:?}"
+                );
+            }
         }
     }
 }

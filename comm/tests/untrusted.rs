@@ -61,6 +61,7 @@ fn valid_messages() -> Vec<Vec<u8>> {
     let mut v = vec![
         FrameHeader {
             op: 1,
+            group: 0,
             dtype: WireDtype::F32,
             seq: 7,
             step: 2,
@@ -287,8 +288,8 @@ proptest! {
     }
 
     #[test]
-    fn frame_headers_round_trip(op in 1u8..=8, seq: u64, step: u32, chunk: u32, len in 0u32..=(8 << 20)) {
-        let h = FrameHeader { op, dtype: WireDtype::F32, seq, step, chunk, len };
-        prop_assert_eq!(FrameHeader::decode(&h.encode(), 8).unwrap(), h);
+    fn frame_headers_round_trip(op in 1u8..=6, group in 0u8..=2, seq: u64, step: u32, chunk: u32, len in 0u32..=(8 << 20)) {
+        let h = FrameHeader { op, group, dtype: WireDtype::F32, seq, step, chunk, len };
+        prop_assert_eq!(FrameHeader::decode(&h.encode(), 6).unwrap(), h);
     }
 }

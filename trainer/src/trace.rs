@@ -237,9 +237,14 @@ pub fn add_comm_track(pg: &mut ProcessGroup) {
             .map(|e| {
                 let ts = at(e.submitted_ms);
                 let end = at(e.finished_ms.unwrap_or(e.submitted_ms));
+                // A sub-group's calls are numbered in that group: "node.reduce_scatter#3".
+                let id = match e.group {
+                    "world" => format!("{}#{}", e.op, e.seq),
+                    g => format!("{g}.{}#{}", e.op, e.seq),
+                };
                 let name = match e.tag {
-                    Some(tag) => format!("{}#{} {tag}", e.op, e.seq),
-                    None => format!("{}#{}", e.op, e.seq),
+                    Some(tag) => format!("{id} {tag}"),
+                    None => id,
                 };
                 Event {
                     name,
@@ -250,7 +255,7 @@ pub fn add_comm_track(pg: &mut ProcessGroup) {
                     pid: rec.node,
                     tid: 1000 + rec.rank,
                     args: serde_json::json!({
-                        "op": e.op, "seq": e.seq, "bytes": e.bytes, "state": e.state,
+                        "op": e.op, "group": e.group, "ranks": e.ranks, "seq": e.seq, "bytes": e.bytes, "state": e.state,
                         "started_us": e.started_ms.map(at),
                         "inter_ms": e.inter_ms, "inter_bytes": e.inter_bytes,
                         "peer_nodes": peers, "wire_dtype": e.wire, "tag": e.tag,

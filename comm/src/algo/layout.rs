@@ -37,6 +37,19 @@ impl Layout {
         }
     }
 
+    /// The layout of a call on one node of `k` ranks whose reduce-scatter cuts `len` elements
+    /// into `shards <= k` shards (the node group: see `algo::scope`); ranks past them own an
+    /// empty chunk.
+    pub fn one_node(len: usize, k: usize, shards: usize) -> Self {
+        let mut chunks = split(0..len, shards.clamp(1, k));
+        chunks.resize(k, len..len);
+        Self {
+            len,
+            pieces: vec![chunks.clone()],
+            chunks,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -108,6 +121,17 @@ mod tests {
                 assert!(covered.iter().all(|&c| c == 1), "{shape:?} {len}");
             }
         }
+    }
+
+    #[test]
+    fn one_node_layout_cuts_into_its_shards() {
+        let l = Layout::one_node(10, 3, 2);
+        assert_eq!(
+            (0..3).map(|j| l.chunk(j)).collect::<Vec<_>>(),
+            [0..5, 5..10, 10..10]
+        );
+        let l = Layout::one_node(7, 2, 2);
+        assert_eq!((0..2).map(|j| l.chunk(j)).collect::<Vec<_>>(), [0..4, 4..7]);
     }
 
     #[test]

@@ -5,7 +5,9 @@
 pub mod layout;
 pub mod program;
 pub mod ring;
+pub mod scope;
 
 pub use layout::Layout;
 pub use program::Program;
 pub use ring::{RecvMode, RingStep};
+pub use scope::{Scope, Scopes};

@@ -1,9 +1,11 @@
 //! The phase program of a hierarchical collective, as data ([`Program`]): what a lane owner
 //! does inside its node before the lanes run, what the lanes run between nodes, how a mean is
 //! taken, and what every rank copies afterwards. `group::executor` runs programs and knows no
-//! kind of call; each kind is one program, so the node-scoped and hybrid calls are
-//! compositions of the same phases, not special cases. The tests run every program on a model
-//! of the node's buffers and check the result against the call's definition.
+//! kind of call; each kind is one program, run on the rank table of the call's group
+//! ([`super::Scope`]), so the node-group, replica-group and hybrid calls are the same programs
+//! on other tables, not special cases. The tests run every program on a model of the node's
+//! buffers and check the result against the call's definition, and check that hybrid sharding
+//! composed of sub-group calls is the world's reduction.
 
 use crate::op::OpKind;
 
@@ -16,15 +18,11 @@ pub enum Pre {
     CollectChunks,
     /// On the root's node, copy the lane's pieces from the root's buffer.
     FromRoot,
-    /// Nothing.
-    Nothing,
 }
 
 /// Between nodes: what each lane runs over its pieces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lanes {
-    /// Nothing crosses nodes.
-    Nothing,
     /// A ring reduce-scatter, then a ring all-gather: every piece ends reduced.
     AllReduce,
     /// A ring reduce-scatter: each node ends with its own piece reduced.
@@ -35,13 +33,6 @@ pub enum Lanes {
     Chain,
 }
 
-/// Over which ranks a mean divides.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MeanOver {
-    World,
-    Node,
-}
-
 /// Inside the node, after the lanes: what every rank copies from the other lanes' owners.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Post {
@@ -49,8 +40,6 @@ pub enum Post {
     OtherLanes,
     /// The parts of this rank's own chunk that other lanes hold (reduce-scatter).
     OwnChunk,
-    /// Nothing: each rank keeps its lane's pieces (hybrid, node reduce-scatter).
-    Nothing,
 }
 
 /// With one node the program collapses to one pass on the ranks' chunks.
@@ -71,63 +60,32 @@ pub enum Single {
 pub struct Program {
     pub pre: Pre,
     pub lanes: Lanes,
-    /// The ranks a mean divides by (reductions only).
-    pub mean_over: MeanOver,
     pub post: Post,
     pub single: Single,
 }
 
 impl Program {
-    /// The program of `kind`; `None` for p2p, which is a raw exchange, not a collective.
+    /// The program of `kind`; `None` for p2p, which is a raw exchange, not a collective. A
+    /// mean divides by the size of the call's group.
     pub fn of(kind: OpKind) -> Option<Self> {
         use {Lanes as L, Post as P, Pre as R, Single as S};
-        let p = |pre, lanes, mean_over, post, single| {
+        let p = |pre, lanes, post, single| {
             Some(Self {
                 pre,
                 lanes,
-                mean_over,
                 post,
                 single,
             })
         };
-        let w = MeanOver::World;
         match kind {
             OpKind::AllReduce | OpKind::Barrier => {
-                p(R::Reduce, L::AllReduce, w, P::OtherLanes, S::AllReduce)
+                p(R::Reduce, L::AllReduce, P::OtherLanes, S::AllReduce)
             }
-            OpKind::ReduceScatter => p(
-                R::Reduce,
-                L::ReduceScatter,
-                w,
-                P::OwnChunk,
-                S::ReduceScatter,
-            ),
-            OpKind::HybridReduce => p(R::Reduce, L::AllReduce, w, P::Nothing, S::ReduceScatter),
-            OpKind::NodeReduce => p(
-                R::Reduce,
-                L::Nothing,
-                MeanOver::Node,
-                P::OtherLanes,
-                S::AllReduce,
-            ),
-            OpKind::NodeReduceScatter => p(
-                R::Reduce,
-                L::Nothing,
-                MeanOver::Node,
-                P::Nothing,
-                S::ReduceScatter,
-            ),
-            OpKind::AllGather => p(R::CollectChunks, L::AllGather, w, P::OtherLanes, S::Gather),
-            OpKind::NodeGather => p(R::Nothing, L::Nothing, w, P::OtherLanes, S::Gather),
-            OpKind::Broadcast => p(R::FromRoot, L::Chain, w, P::OtherLanes, S::Broadcast),
+            OpKind::ReduceScatter => p(R::Reduce, L::ReduceScatter, P::OwnChunk, S::ReduceScatter),
+            OpKind::AllGather => p(R::CollectChunks, L::AllGather, P::OtherLanes, S::Gather),
+            OpKind::Broadcast => p(R::FromRoot, L::Chain, P::OtherLanes, S::Broadcast),
             OpKind::P2p => None,
         }
-    }
-
-    /// Whether the ranks must meet between the lane phase and the copies after it (not when
-    /// nothing happened since the entry barrier).
-    pub fn needs_middle_barrier(&self) -> bool {
-        !(self.pre == Pre::Nothing && self.lanes == Lanes::Nothing)
     }
 
     /// After a reduction's lane phase, whether only this node's own piece of the lane is
@@ -138,30 +96,35 @@ impl Program {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // ranks index buffers and the rank table alike
 mod tests {
     use super::*;
-    use crate::algo::Layout;
     use crate::algo::layout::intersect;
+    use crate::algo::{Layout, Scope};
+    use crate::op::Group;
     use crate::topology::RankTable;
 
-    const KINDS: [OpKind; 8] = [
+    const KINDS: [OpKind; 4] = [
         OpKind::AllReduce,
         OpKind::ReduceScatter,
-        OpKind::HybridReduce,
-        OpKind::NodeReduce,
-        OpKind::NodeReduceScatter,
         OpKind::AllGather,
-        OpKind::NodeGather,
         OpKind::Broadcast,
     ];
 
     use crate::topology::table_of as table;
 
     /// Runs `prog` on buffers `b[rank]` as the executor does, with ideal lanes (a ring's
-    /// result, not its steps: those are `ring`'s tests). Scratch left by a phase is NaN.
-    fn run(prog: Program, t: &RankTable, b: &mut [Vec<f64>], root: usize, mean: bool) {
+    /// result, not its steps: those are `ring`'s tests), with `lay` the layout of the call's
+    /// scope. Scratch left by a phase is NaN.
+    fn run_on(
+        prog: Program,
+        t: &RankTable,
+        lay: &Layout,
+        b: &mut [Vec<f64>],
+        root: usize,
+        mean: bool,
+    ) {
         let len = b[0].len();
-        let lay = Layout::new(t, len);
         let (nn, lanes) = (t.num_nodes(), lay.lanes());
         let world = t.world() as f64;
         let rank = |n: usize, j: usize| t.first_rank(n) + j;
@@ -221,7 +184,6 @@ mod tests {
                             Lanes::ReduceScatter => b[o][i] = if m == n { total } else { f64::NAN },
                             Lanes::AllGather => b[o][i] = before[m][i],
                             Lanes::Chain => b[o][i] = before[t.locate(root).0][i],
-                            Lanes::Nothing => {}
                         }
                     }
                 }
@@ -230,10 +192,6 @@ mod tests {
         // Mean, on what the lane owner holds reduced.
         if mean && prog.pre == Pre::Reduce {
             for n in 0..nn {
-                let by = match prog.mean_over {
-                    MeanOver::World => world,
-                    MeanOver::Node => t.ranks_on(n) as f64,
-                };
                 for l in 0..lanes {
                     let owned = if prog.only_own_piece_reduced() {
                         vec![lay.piece(n, l)]
@@ -243,7 +201,7 @@ mod tests {
                     owned
                         .into_iter()
                         .flatten()
-                        .for_each(|i| b[rank(n, l)][i] /= by);
+                        .for_each(|i| b[rank(n, l)][i] /= world);
                 }
             }
         }
@@ -257,7 +215,6 @@ mod tests {
                     let copy = match prog.post {
                         Post::OtherLanes => lay.lane_pieces(l),
                         Post::OwnChunk => vec![intersect(&lay.chunk(me), &lay.piece(n, l))],
-                        Post::Nothing => vec![],
                     };
                     copy.into_iter().flatten().for_each(|i| b[me][i] = from[i]);
                 }
@@ -265,58 +222,26 @@ mod tests {
         }
     }
 
+    /// A world call's program run as the executor runs it.
+    fn run(prog: Program, t: &RankTable, b: &mut [Vec<f64>], root: usize, mean: bool) {
+        let lay = Layout::new(t, b[0].len());
+        run_on(prog, t, &lay, b, root, mean);
+    }
+
     /// Each call's definition, checked on what it promises (scratch elsewhere is ignored).
-    #[allow(clippy::needless_range_loop)] // r is the rank, also looked up in the table
     fn check(kind: OpKind, t: &RankTable, input: &[Vec<f64>], out: &[Vec<f64>], root: usize) {
         let len = input[0].len();
         let lay = Layout::new(t, len);
-        let sum_of = |ranks: &mut dyn Iterator<Item = usize>, i: usize| {
-            ranks.map(|r| input[r][i]).sum::<f64>()
-        };
+        let sum = |i: usize| (0..t.world()).map(|r| input[r][i]).sum::<f64>();
         for r in 0..t.world() {
-            let (n, j) = t.locate(r);
-            let node = t.first_rank(n)..t.first_rank(n) + t.ranks_on(n);
-            let mine = if j < lay.lanes() {
-                lay.lane_pieces(j)
-            } else {
-                vec![]
-            };
             let (range, want): (Vec<usize>, Box<dyn Fn(usize) -> f64>) = match kind {
-                OpKind::AllReduce => (
-                    (0..len).collect(),
-                    Box::new(|i| sum_of(&mut (0..t.world()), i)),
-                ),
-                OpKind::ReduceScatter => (
-                    lay.chunk(r).collect(),
-                    Box::new(|i| sum_of(&mut (0..t.world()), i)),
-                ),
-                OpKind::HybridReduce => (
-                    mine.iter().cloned().flatten().collect(),
-                    Box::new(|i| sum_of(&mut (0..t.world()), i)),
-                ),
-                OpKind::NodeReduce => (
-                    (0..len).collect(),
-                    Box::new(|i| sum_of(&mut node.clone(), i)),
-                ),
-                OpKind::NodeReduceScatter => (
-                    mine.iter().cloned().flatten().collect(),
-                    Box::new(|i| sum_of(&mut node.clone(), i)),
-                ),
+                OpKind::AllReduce => ((0..len).collect(), Box::new(sum)),
+                OpKind::ReduceScatter => (lay.chunk(r).collect(), Box::new(sum)),
                 // Rank q contributes its chunk.
                 OpKind::AllGather => (
                     (0..len).collect(),
                     Box::new(|i| {
                         input[(0..t.world()).find(|&q| lay.chunk(q).contains(&i)).unwrap()][i]
-                    }),
-                ),
-                // Local rank l of this node contributes its lane's pieces.
-                OpKind::NodeGather => (
-                    (0..len).collect(),
-                    Box::new(|i| {
-                        let l = (0..lay.lanes())
-                            .find(|&l| lay.lane_pieces(l).iter().any(|p| p.contains(&i)))
-                            .unwrap();
-                        input[t.first_rank(n) + l][i]
                     }),
                 ),
                 OpKind::Broadcast => ((0..len).collect(), Box::new(|i| input[root][i])),
@@ -359,36 +284,145 @@ mod tests {
         }
     }
 
+    /// Runs `kind` on `group` from every rank, as each rank's executor would: on the
+    /// buffers of the ranks of its group (positions `elems` of them), with the group's table
+    /// and layout.
+    fn run_group(
+        kind: OpKind,
+        group: Group,
+        t: &RankTable,
+        b: &mut [Vec<f64>],
+        elems: &dyn Fn(usize) -> std::ops::Range<usize>,
+        mean: bool,
+    ) {
+        let prog = Program::of(kind).unwrap();
+        let mut done = vec![false; t.world()];
+        for r in 0..t.world() {
+            let (n, j) = t.locate(r);
+            let Some(s) = Scope::of(group, t, n, j) else {
+                continue;
+            };
+            if done[r] {
+                continue;
+            }
+            // The world ranks of this rank's group, in group-rank order.
+            let members: Vec<usize> = (0..t.world())
+                .filter(|&q| {
+                    let (qn, qj) = t.locate(q);
+                    match group {
+                        Group::World => true,
+                        Group::Node => qn == n,
+                        Group::Replica => qj == j,
+                    }
+                })
+                .collect();
+            assert_eq!(members.len(), s.size());
+            let e = elems(r);
+            let mut sub: Vec<Vec<f64>> =
+                members.iter().map(|&q| b[q][e.clone()].to_vec()).collect();
+            run_on(prog, &s.table, &s.layout(e.len()), &mut sub, 0, mean);
+            for (q, v) in members.iter().zip(sub) {
+                b[*q][e.clone()].copy_from_slice(&v);
+                done[*q] = true;
+            }
+        }
+    }
+
+    /// Hybrid sharding as FSDP2 composes it: a reduce-scatter on the node group, then an
+    /// all-reduce of the shard on the replica group, leaves every rank with the world's sum
+    /// on its node shard, the same positions on every node; an all-gather on the node group
+    /// then completes every buffer. Node-group calls stay inside the node.
     #[test]
-    fn a_mean_divides_by_the_ranks_of_the_calls_scope() {
-        let t = table(&[2, 3]);
-        let input: Vec<Vec<f64>> = (0..5).map(|r| vec![r as f64 * 6.0; 30]).collect();
-        for (kind, want) in [
-            (
-                OpKind::AllReduce,
-                vec![(0.0 + 6.0 + 12.0 + 18.0 + 24.0) / 5.0; 5],
-            ),
-            // Node 0 holds ranks 0-1, node 1 ranks 2-4.
-            (OpKind::NodeReduce, vec![3.0, 3.0, 18.0, 18.0, 18.0]),
-        ] {
-            let mut b = input.clone();
-            run(Program::of(kind).unwrap(), &t, &mut b, 0, true);
-            for (r, w) in want.iter().enumerate() {
-                assert!(b[r].iter().all(|x| x == w), "{kind:?} rank {r}: {:?}", b[r]);
+    fn hybrid_sharding_is_two_sub_group_calls() {
+        for ranks in [&[2, 2][..], &[3, 3, 3], &[1, 1], &[3, 1, 2], &[2, 3], &[4]] {
+            let t = table(ranks);
+            for len in [1, 7, 64, 101] {
+                let input: Vec<Vec<f64>> = (0..t.world())
+                    .map(|r| (0..len).map(|i| ((r + 1) * 1000 + i) as f64).collect())
+                    .collect();
+                let sum = |i: usize| (0..t.world()).map(|r| input[r][i]).sum::<f64>();
+                let shard = |r: usize| {
+                    let (n, j) = t.locate(r);
+                    Scope::of(Group::Node, &t, n, j).unwrap().shard(len)
+                };
+                let mut b = input.clone();
+                run_group(
+                    OpKind::ReduceScatter,
+                    Group::Node,
+                    &t,
+                    &mut b,
+                    &|_| 0..len,
+                    false,
+                );
+                for r in 0..t.world() {
+                    let (n, _) = t.locate(r);
+                    for i in shard(r) {
+                        let node: f64 = t.ranks_of(n).map(|q| input[q][i]).sum();
+                        assert_eq!(b[r][i], node, "{ranks:?} node sum at rank {r} [{i}]");
+                    }
+                }
+                run_group(OpKind::AllReduce, Group::Replica, &t, &mut b, &shard, false);
+                let mut covered = vec![0; len];
+                for r in 0..t.world() {
+                    for i in shard(r) {
+                        assert_eq!(b[r][i], sum(i), "{ranks:?} len {len} rank {r} [{i}]");
+                        covered[i] += 1;
+                    }
+                }
+                // Every element is owned once per node.
+                assert!(
+                    covered.iter().all(|&c| c == t.num_nodes()),
+                    "{ranks:?} {len}"
+                );
+                run_group(
+                    OpKind::AllGather,
+                    Group::Node,
+                    &t,
+                    &mut b,
+                    &|_| 0..len,
+                    false,
+                );
+                for r in 0..t.world() {
+                    assert!(
+                        (0..len).all(|i| b[r][i] == sum(i)),
+                        "{ranks:?} {len} rank {r}"
+                    );
+                }
             }
         }
     }
 
     #[test]
-    fn p2p_is_not_a_program_and_only_a_copy_needs_no_middle_barrier() {
-        assert_eq!(Program::of(OpKind::P2p), None);
-        for kind in KINDS {
-            let p = Program::of(kind).unwrap();
-            assert_eq!(
-                p.needs_middle_barrier(),
-                kind != OpKind::NodeGather,
-                "{kind:?}"
-            );
+    fn a_mean_divides_by_the_size_of_the_calls_group() {
+        let t = table(&[2, 3]);
+        let input: Vec<Vec<f64>> = (0..5).map(|r| vec![r as f64 * 6.0; 30]).collect();
+        let mut b = input.clone();
+        run(Program::of(OpKind::AllReduce).unwrap(), &t, &mut b, 0, true);
+        assert!(b.iter().flatten().all(|&x| x == 12.0), "{b:?}");
+        // Node 0 holds ranks 0-1, node 1 ranks 2-4.
+        let mut b = input.clone();
+        run_group(OpKind::AllReduce, Group::Node, &t, &mut b, &|_| 0..30, true);
+        for (r, w) in [3.0, 3.0, 18.0, 18.0, 18.0].iter().enumerate() {
+            assert!(b[r].iter().all(|x| x == w), "rank {r}: {:?}", b[r]);
         }
+        // Replicas: ranks 0 and 2 (local 0), ranks 1 and 3 (local 1); rank 4 has none.
+        let mut b = input.clone();
+        run_group(
+            OpKind::AllReduce,
+            Group::Replica,
+            &t,
+            &mut b,
+            &|_| 0..30,
+            true,
+        );
+        for (r, w) in [6.0, 12.0, 6.0, 12.0, 24.0].iter().enumerate() {
+            assert!(b[r].iter().all(|x| x == w), "rank {r}: {:?}", b[r]);
+        }
+    }
+
+    #[test]
+    fn p2p_is_not_a_program() {
+        assert_eq!(Program::of(OpKind::P2p), None);
+        assert!(KINDS.iter().all(|&k| Program::of(k).is_some()));
     }
 }

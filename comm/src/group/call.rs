@@ -1,10 +1,11 @@
-//! One collective call with its own options ([`CallOpts`]): the wire dtype between nodes and a
-//! tag for the flight recorder and traces apply to that call only, so no caller sets and
-//! restores state on the group. `pg.call(opts).all_reduce(buf, op)`; the plain
-//! [`ProcessGroup`] methods are the same calls with default options.
+//! One collective call with its own options ([`CallOpts`]): the group it spans (the world, or
+//! a sub-group of the node × lane mesh), the wire dtype between nodes and a tag for the flight
+//! recorder and traces apply to that call only, so no caller sets and restores state on the
+//! group. `pg.call(opts).all_reduce(buf, op)`; the plain [`ProcessGroup`] methods are the same
+//! calls with default options (the world, the group's wire dtype, no tag).
 
 use super::{ProcessGroup, ReduceOp, Work, keep_or_leak};
-use crate::op::OpKind;
+use crate::op::{Group, OpKind};
 use crate::wire::WireDtype;
 use std::mem::ManuallyDrop;
 
@@ -18,6 +19,9 @@ pub struct CallOpts {
     /// A label kept with the call in the flight recorder (and so in traces and dumps), e.g.
     /// "grad bucket" or "unit gather".
     pub tag: Option<&'static str>,
+    /// The ranks the call spans: every rank (the default), this rank's node, or its replicas
+    /// (the same local rank on every node). Each group numbers its own calls.
+    pub group: Group,
 }
 
 impl CallOpts {
@@ -25,8 +29,13 @@ impl CallOpts {
     pub fn wire(wire: WireDtype) -> Self {
         Self {
             wire: Some(wire),
-            tag: None,
+            ..Self::default()
         }
+    }
+
+    /// The same options for a call on `group`.
+    pub fn on(self, group: Group) -> Self {
+        Self { group, ..self }
     }
 
     /// The same options with this tag.
@@ -53,89 +62,99 @@ impl ProcessGroup {
 }
 
 impl Call<'_> {
-    /// Sums (or averages) `buf` across all ranks, in place.
+    /// Sums (or averages) `buf` across the group's ranks, in place.
     pub fn all_reduce(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.whole(OpKind::AllReduce, buf, 0, op)
     }
 
-    /// Reduces `buf` (the full buffer, used as scratch) across ranks and returns this rank's
-    /// shard, `shard_range(buf.len())`.
+    /// Reduces `buf` (the full buffer, used as scratch) across the group's ranks and returns
+    /// this rank's shard, [`ProcessGroup::group_shard`].
     pub fn reduce_scatter(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        let range = self.pg.shard_range(buf.len());
+        let range = self.pg.group_shard(self.opts.group, buf.len());
+        if self.pg.group_rank(self.opts.group).is_none() {
+            return self
+                .pg
+                .outside(OpKind::ReduceScatter, self.opts.group, buf.len());
+        }
         self.pg.submit(
             OpKind::ReduceScatter,
             4 * buf.len(),
             self.opts,
             move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, 0, op);
+                let r = ex.collective(id, &mut buf, 0, op);
                 keep_or_leak(r, buf).map(|b| b[range].to_vec())
             },
         )
     }
 
     /// In-place reduce-scatter: `buf` comes back with the reduced shard at
-    /// `shard_range(buf.len())` (the rest is scratch). No allocation.
+    /// [`ProcessGroup::group_shard`] (the rest is scratch). No allocation.
     pub fn reduce_scatter_in_place(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
         self.whole(OpKind::ReduceScatter, buf, 0, op)
     }
 
     /// In-place all-gather: `buf` is the full buffer with this rank's shard already at
-    /// `shard_range(buf.len())`; it comes back complete. No allocation.
+    /// [`ProcessGroup::group_shard`]; it comes back complete. No allocation.
     pub fn all_gather_in_place(self, buf: Vec<f32>) -> Work<Vec<f32>> {
         self.whole(OpKind::AllGather, buf, 0, ReduceOp::Sum)
     }
 
     /// Gathers every rank's shard of a `total`-element buffer; `shard` must have
-    /// `shard_range(total).len()` elements.
+    /// `group_shard(group, total).len()` elements.
     pub fn all_gather(self, shard: Vec<f32>, total: usize) -> Work<Vec<f32>> {
-        let range = self.pg.shard_range(total);
+        let group = self.opts.group;
+        let range = self.pg.group_shard(group, total);
         if shard.len() != range.len() {
             let why = format!(
-                "all_gather on rank {}: shard has {} elements, but rank {}'s shard of {total} is {}",
+                "all_gather on rank {}: shard has {} elements, but its shard of {total} in the \
+                 {} group is {}",
                 self.pg.rank,
                 shard.len(),
-                self.pg.rank,
+                group.name(),
                 range.len()
             );
-            return self.pg.invalid(OpKind::AllGather, why);
+            return self.pg.invalid(OpKind::AllGather, group, why);
+        }
+        if self.pg.group_rank(group).is_none() {
+            return self.pg.outside(OpKind::AllGather, group, total);
         }
         self.pg
             .submit(OpKind::AllGather, 4 * total, self.opts, move |ex, id| {
                 let mut buf = ManuallyDrop::new(vec![0.0f32; total]);
                 buf[range].copy_from_slice(&shard);
-                let r = ex.collective(id, &mut buf, total, 0, ReduceOp::Sum);
+                let r = ex.collective(id, &mut buf, 0, ReduceOp::Sum);
                 keep_or_leak(r, buf)
             })
     }
 
-    /// Hybrid sharding's gradient reduction, in place: `buf` comes back reduced over all ranks
-    /// on [`ProcessGroup::node_pieces`] (the rest is scratch). Inside a node it is a
-    /// reduce-scatter over shared memory; across nodes only the pieces travel, each lane
-    /// all-reducing its own (HSDP: shard inside the node, replicate across nodes).
+    /// Hybrid sharding's gradient reduction (HSDP), in place: a reduce-scatter on the node
+    /// group, then an all-reduce of this rank's node shard on its replica group, as FSDP2
+    /// composes it; submitted together, so the caller overlaps them with compute. `buf` comes
+    /// back reduced over every rank on [`ProcessGroup::group_shard`]`(Group::Node, ..)` (the
+    /// rest is scratch); a mean divides by the world size. Each of the two calls is numbered
+    /// in its own group; `opts.group` is not used. Nothing but the shards crosses nodes.
     pub fn hybrid_reduce_in_place(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.whole(OpKind::HybridReduce, buf, 0, op)
-    }
-
-    /// Gather inside the node: `buf` holds this rank's values on its node pieces and comes
-    /// back complete from the node's other ranks, with no traffic between nodes.
-    pub fn node_gather_in_place(self, buf: Vec<f32>) -> Work<Vec<f32>> {
-        self.whole(OpKind::NodeGather, buf, 0, ReduceOp::Sum)
-    }
-
-    /// All-reduce among the ranks of this rank's node only, in place, over shared memory: no
-    /// byte crosses nodes (DiLoCo's inner steps). Mean divides by the node's rank count.
-    pub fn node_all_reduce(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.whole(OpKind::NodeReduce, buf, 0, op)
-    }
-
-    /// Reduction among the ranks of this rank's node only, in place, over shared memory:
-    /// `buf` comes back reduced over the node on [`ProcessGroup::node_pieces`] (the rest is
-    /// scratch) and no byte crosses nodes (DiLoCo's inner steps with sharding inside the
-    /// node). Mean divides by the node's rank count.
-    pub fn node_reduce_scatter_in_place(self, buf: Vec<f32>, op: ReduceOp) -> Work<Vec<f32>> {
-        self.whole(OpKind::NodeReduceScatter, buf, 0, op)
+        let pg = self.pg;
+        let shard = pg.group_shard(Group::Node, buf.len());
+        let world = pg.world() as f32;
+        let mut calls = vec![(OpKind::ReduceScatter, Group::Node)];
+        if pg.group_rank(Group::Replica).is_some() {
+            calls.push((OpKind::AllReduce, Group::Replica));
+        }
+        pg.submit_steps(&calls, 4 * buf.len(), self.opts, move |ex, ids, steps| {
+            let mut buf = ManuallyDrop::new(buf);
+            let sum = ReduceOp::Sum;
+            let mut r = steps.step(ex, ids[0], |ex| ex.collective(ids[0], &mut buf, 0, sum));
+            if let (Ok(()), Some(&id)) = (&r, ids.get(1)) {
+                let part = &mut buf[shard.clone()];
+                r = steps.step(ex, id, |ex| ex.collective(id, part, 0, sum));
+            }
+            if r.is_ok() && op == ReduceOp::Mean {
+                buf[shard].iter_mut().for_each(|x| *x /= world);
+            }
+            keep_or_leak(r, buf)
+        })
     }
 
     /// A collective of `kind` on the whole of `buf`, in place (`arg`: broadcast's root).
@@ -146,11 +165,13 @@ impl Call<'_> {
         arg: usize,
         op: ReduceOp,
     ) -> Work<Vec<f32>> {
+        if self.pg.group_rank(self.opts.group).is_none() {
+            return self.pg.outside(kind, self.opts.group, buf.len());
+        }
         self.pg
             .submit(kind, 4 * buf.len(), self.opts, move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
-                let len = buf.len();
-                let r = ex.collective(id, &mut buf, len, arg, op);
+                let r = ex.collective(id, &mut buf, arg, op);
                 keep_or_leak(r, buf)
             })
     }

@@ -5,8 +5,8 @@
 use super::{OpId, ReduceOp};
 use crate::abort::FailHook;
 use crate::algo::layout::intersect;
-use crate::algo::program::{Lanes, MeanOver, Post, Pre, Single};
-use crate::algo::{Layout, Program, ring};
+use crate::algo::program::{Lanes, Post, Pre, Single};
+use crate::algo::{Layout, Program, Scopes, ring};
 use crate::error::{CollectiveError, Error, TransportError};
 use crate::topology::RankTable;
 use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
@@ -75,6 +75,8 @@ pub(super) struct Executor {
     pub(super) local: usize,
     pub(super) node: usize,
     pub(super) table: Arc<RankTable>,
+    /// This rank's view of each group.
+    pub(super) scopes: Arc<Scopes>,
     pub(super) shared: Arc<NodeShared>,
     pub(super) lane: Option<LaneLinks>,
     pub(super) rt: tokio::runtime::Handle,
@@ -298,40 +300,62 @@ impl Executor {
         }
     }
 
-    /// The hierarchical collective on a full-length buffer (see the module docs).
+    /// The hierarchical collective on `buf`, over the ranks of the call's group (see the
+    /// module docs; a sub-group's call runs the same program on its scope's table).
     pub(super) fn collective(
         &mut self,
         id: OpId,
         buf: &mut [f32],
-        len: usize,
         arg: usize,
         reduce: ReduceOp,
     ) -> Result<(), Error> {
         self.check_healthy(id)?;
+        let len = buf.len();
         let span = tracing::debug_span!("collective", op = %id, rank = self.rank, len);
         let _g = span.enter();
         let deadline = Instant::now() + self.timeout;
         let bytes = len * 4;
-        let table = self.table.clone();
-        let (n, j) = (self.node, self.local);
+        let Some(scope) = self.scopes.get(id.group).cloned() else {
+            // Refused at submission unless empty: nothing to do.
+            return Ok(());
+        };
+        let table = &scope.table;
+        let (n, j) = (scope.node, scope.local);
+        let meet = scope.meets_in_node();
         let nn = table.num_nodes();
-        let lay = Layout::new(&table, len);
+        let lay = scope.layout(len);
         let lanes = lay.lanes();
         let my_lane = (j < lanes).then_some(j);
         let k = table.ranks_on(n);
-        let call = Call {
-            seq: id.seq,
-            op: id.kind.code(),
-            len,
-            arg,
-        };
         // One pointer for everything that touches the buffer from here on (the slot other
         // ranks use and our own lane), derived once.
         let ptr = buf.as_mut_ptr();
-        self.shared.publish_raw(j, ptr, buf.len(), call);
         // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
-        let raw = unsafe { RawBuf::from_raw(ptr, buf.len()) };
-        self.barrier(id, bytes, deadline)?;
+        let raw = unsafe { RawBuf::from_raw(ptr, len) };
+        let peers = if meet {
+            let call = Call {
+                seq: id.seq,
+                op: id.kind.code(),
+                group: id.group.code(),
+                len,
+                arg,
+            };
+            self.shared.publish_raw(self.local, ptr, len, call);
+            self.barrier(id, bytes, deadline)?;
+            let peers = self
+                .shared
+                .peers(self.local)
+                .map_err(|detail| CollectiveError::Mismatch {
+                    seq: id.seq,
+                    detail,
+                });
+            match peers {
+                Ok(p) => p,
+                Err(e) => return Err(self.fail(id, e)),
+            }
+        } else {
+            Peers::solo(ptr, len)
+        };
         // Test hook: a panic between barriers, with the other local ranks using the buffer.
         #[cfg(test)]
         if self.panic_at == Some((self.rank, id.seq)) {
@@ -340,17 +364,6 @@ impl Executor {
                 id.seq, self.rank
             );
         }
-        let peers = self
-            .shared
-            .peers(j)
-            .map_err(|detail| CollectiveError::Mismatch {
-                seq: id.seq,
-                detail,
-            });
-        let peers = match peers {
-            Ok(p) => p,
-            Err(e) => return Err(self.fail(id, e)),
-        };
         let next = (n + 1) % nn;
         let prev = (n + nn - 1) % nn;
         let world = table.world() as f32;
@@ -361,8 +374,8 @@ impl Executor {
             ));
         };
         if nn == 1 {
-            self.single_node(prog.single, &peers, &lay, arg, reduce);
-            return self.barrier(id, bytes, deadline);
+            Self::single_node(prog.single, &peers, &lay, (j, k), arg, reduce);
+            return self.meet(meet, id, bytes, deadline);
         }
         if let Some(l) = my_lane {
             let pieces = lay.lane_pieces(l);
@@ -388,12 +401,11 @@ impl Executor {
                         }
                     }
                 }
-                Pre::Reduce | Pre::Nothing => {}
+                Pre::Reduce => {}
             }
             // The ring's steps, and the step from which it forwards finished pieces (an
             // all-gather half starts with this node's own finished piece).
             let schedule = match prog.lanes {
-                Lanes::Nothing => None,
                 Lanes::AllReduce => Some((ring::all_reduce(n, nn), Some(nn - 1))),
                 Lanes::ReduceScatter => Some((ring::reduce_scatter(n, nn), None)),
                 Lanes::AllGather => Some((ring::all_gather(n, nn), Some(0))),
@@ -417,6 +429,7 @@ impl Executor {
                     next,
                     prev,
                     op: id.kind.code(),
+                    group: id.group.code(),
                     seq: id.seq,
                     step_base: 0,
                     dtype: self.wire,
@@ -430,19 +443,14 @@ impl Executor {
                 } else {
                     pieces
                 };
-                let by = match prog.mean_over {
-                    MeanOver::Node => k as f32,
-                    MeanOver::World => world,
-                };
                 for r in owned {
                     let dst = unsafe { peers.write(j, r) };
-                    dst.iter_mut().for_each(|x| *x /= by);
+                    dst.iter_mut().for_each(|x| *x /= world);
                 }
             }
         }
-        if prog.needs_middle_barrier() {
-            self.barrier(id, bytes, deadline)?;
-        }
+        self.meet(meet, id, bytes, deadline)?;
+        let me = scope.rank();
         for l in (0..lanes).filter(|&l| l != j) {
             match prog.post {
                 Post::OtherLanes => {
@@ -450,30 +458,35 @@ impl Executor {
                         copy_from(&peers, l, j, r);
                     }
                 }
-                Post::OwnChunk => copy_from(
-                    &peers,
-                    l,
-                    j,
-                    intersect(&lay.chunk(self.rank), &lay.piece(n, l)),
-                ),
-                Post::Nothing => {}
+                Post::OwnChunk => {
+                    copy_from(&peers, l, j, intersect(&lay.chunk(me), &lay.piece(n, l)))
+                }
             }
         }
-        self.barrier(id, bytes, deadline)
+        self.meet(meet, id, bytes, deadline)
+    }
+
+    /// The node's barrier, for a call whose group meets in the node (else nothing).
+    fn meet(&mut self, meet: bool, id: OpId, bytes: usize, deadline: Instant) -> Result<(), Error> {
+        if meet {
+            self.barrier(id, bytes, deadline)
+        } else {
+            Ok(())
+        }
     }
 
     /// One node: everything happens in shared memory between the entry and exit barriers.
     /// Rank j owns chunk j of every buffer; reductions read all k inputs once per block and
     /// (for all-reduce) write the result straight into every buffer.
+    /// `(j, k)`: this rank's index among the node's `k` ranks of the call's group.
     pub(super) fn single_node(
-        &self,
         single: Single,
         peers: &Peers,
         lay: &Layout,
+        (j, k): (usize, usize),
         arg: usize,
         reduce: ReduceOp,
     ) {
-        let (j, k) = (self.local, self.table.ranks_on(0));
         let mine = lay.chunk(j);
         let divisor = match reduce {
             ReduceOp::Sum => 1.0,
@@ -482,7 +495,6 @@ impl Executor {
         match single {
             // SAFETY: chunk j of every buffer belongs to rank j in this phase.
             Single::AllReduce => unsafe { sum_into(peers, j, k, mine, divisor, true) },
-            // With one node, node pieces are the ranks' chunks.
             Single::ReduceScatter => unsafe { sum_into(peers, j, k, mine, divisor, false) },
             Single::Gather => {
                 for i in (0..k).filter(|&i| i != j) {
@@ -515,6 +527,7 @@ impl Executor {
             next: (n + 1) % nn,
             prev: (n + nn - 1) % nn,
             op: id.kind.code(),
+            group: id.group.code(),
             seq: id.seq,
             step_base: 0,
             dtype: WireDtype::F32,

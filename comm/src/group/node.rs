@@ -110,11 +110,13 @@ impl Node {
             let rank = table.global_rank(node, local);
             let lane = lanes.get_mut(local).and_then(Option::take);
             let sent = lane.as_ref().map(|l| l.sent.clone());
+            let scopes = Arc::new(crate::algo::Scopes::of(&table, node, local));
             let mut ex = Executor {
                 rank,
                 local,
                 node,
                 table: table.clone(),
+                scopes: scopes.clone(),
                 shared: shared.clone(),
                 lane,
                 rt: runtime.handle().clone(),
@@ -166,7 +168,8 @@ impl Node {
                 local_rank: local,
                 node,
                 table: table.clone(),
-                next_seq: 0,
+                scopes: scopes.clone(),
+                seqs: [0; 3],
                 tx: Some(tx),
                 worker: Some(worker),
                 sent,

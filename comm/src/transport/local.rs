@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 pub struct Call {
     pub seq: u64,
     pub op: u8,
+    /// The group the call spans (`op::Group::code`): its sequence numbers are its own.
+    pub group: u8,
     /// Elements in the (full) buffer.
     pub len: usize,
     /// Op-specific argument (the root of a broadcast).
@@ -236,6 +238,13 @@ pub struct Peers {
 }
 
 impl Peers {
+    /// The calling rank's own buffer alone (a call of a group with one rank on this node).
+    pub fn solo(ptr: *mut f32, len: usize) -> Self {
+        Self {
+            bufs: vec![(ptr, len)],
+        }
+    }
+
     /// Rank `rank`'s elements `r`, for reading.
     ///
     /// # Safety
@@ -317,6 +326,7 @@ mod tests {
             Call {
                 seq: 1,
                 op: 1,
+                group: 0,
                 len: 4,
                 arg: 0,
             },
@@ -327,6 +337,7 @@ mod tests {
             Call {
                 seq: 1,
                 op: 1,
+                group: 0,
                 len: 5,
                 arg: 0,
             },

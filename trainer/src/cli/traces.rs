@@ -208,10 +208,27 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// nccl-tests' bus-bandwidth factor.
 fn bus_factor(op: &str, n: f64) -> f64 {
-    match op {
+    // "replica.all_reduce": the factor of its kind, over its group's ranks.
+    match op.rsplit('.').next().unwrap_or(op) {
         "all_reduce" => 2.0 * (n - 1.0) / n,
         "reduce_scatter" | "all_gather" => (n - 1.0) / n,
         _ => 1.0,
+    }
+}
+
+/// A collective event's name in the report, its kind prefixed by its group unless it spans
+/// the world ("replica.all_reduce"), and that group's size (`world` in traces written before
+/// calls named their group).
+fn call_of(e: &Event, world: f64) -> (String, f64) {
+    let op = e.args.get("op").and_then(|v| v.as_str()).unwrap_or("?");
+    let ranks = e
+        .args
+        .get("ranks")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(world);
+    match e.args.get("group").and_then(|v| v.as_str()) {
+        None | Some("world") => (op.to_string(), ranks),
+        Some(g) => (format!("{g}.{op}"), ranks),
     }
 }
 
@@ -224,9 +241,9 @@ pub fn busbw_series(traces: &[RankTrace]) -> Vec<(String, Vec<(f64, f64)>)> {
         if e.cat != "collective" {
             continue;
         }
-        let op = e.args.get("op").and_then(|v| v.as_str()).unwrap_or("?");
+        let (op, ranks) = call_of(e, world);
         let bytes = e.args.get("bytes").and_then(|v| v.as_f64()).unwrap_or(0.0);
-        if op == "barrier" || bytes <= 0.0 {
+        if op.ends_with("barrier") || bytes <= 0.0 {
             continue;
         }
         let start = e
@@ -235,9 +252,8 @@ pub fn busbw_series(traces: &[RankTrace]) -> Vec<(String, Vec<(f64, f64)>)> {
             .and_then(|v| v.as_f64())
             .unwrap_or(e.ts);
         let dur_s = ((e.ts + e.dur.unwrap_or(0.0) - start) / 1e6).max(1e-9);
-        by.entry(op.to_string())
-            .or_default()
-            .push((start / 1e6, bytes / dur_s / 1e9 * bus_factor(op, world)));
+        let busbw = bytes / dur_s / 1e9 * bus_factor(&op, ranks);
+        by.entry(op).or_default().push((start / 1e6, busbw));
     }
     by.into_iter().collect()
 }
@@ -246,8 +262,9 @@ pub fn busbw_series(traces: &[RankTrace]) -> Vec<(String, Vec<(f64, f64)>)> {
 pub fn analyse(traces: &[RankTrace]) -> Report {
     let world = traces.len();
     let mut splits = Vec::with_capacity(world);
-    // (seq) -> per rank submission ts, op name
-    let mut submitted: BTreeMap<u64, Vec<(usize, f64)>> = BTreeMap::new();
+    // Keyed by the call's name and number, "replica.all_reduce#3": each group numbers its own.
+    let mut submitted: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
+    let mut ranks_of: BTreeMap<String, f64> = BTreeMap::new();
     let mut by_op: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     // op -> (inter ms, inter bytes) per call that crossed nodes, and total inter ms.
     let mut inter: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
@@ -280,8 +297,12 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
         });
         for e in spans.iter().filter(|e| e.cat == "collective") {
             let seq = e.args.get("seq").and_then(|v| v.as_u64()).unwrap_or(0);
-            submitted.entry(seq).or_default().push((t.rank, e.ts));
-            let op = e.args.get("op").and_then(|v| v.as_str()).unwrap_or("?");
+            let (op, ranks) = call_of(e, world as f64);
+            submitted
+                .entry(format!("{op}#{seq}"))
+                .or_default()
+                .push((t.rank, e.ts));
+            ranks_of.insert(op.clone(), ranks);
             let bytes = e.args.get("bytes").and_then(|v| v.as_f64()).unwrap_or(0.0);
             let start = e
                 .args
@@ -289,8 +310,8 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
                 .and_then(|v| v.as_f64())
                 .unwrap_or(e.ts);
             let dur = (e.ts + e.dur.unwrap_or(0.0) - start).max(1e-3);
-            if op != "barrier" && bytes > 0.0 {
-                by_op.entry(op.to_string()).or_default().push((bytes, dur));
+            if !op.ends_with("barrier") && bytes > 0.0 {
+                by_op.entry(op.clone()).or_default().push((bytes, dur));
                 let ims = e
                     .args
                     .get("inter_ms")
@@ -301,7 +322,7 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
                     .get("inter_bytes")
                     .and_then(|v| v.as_f64())
                     .unwrap_or(0.0);
-                inter.entry(op.to_string()).or_default().push((ims, ib));
+                inter.entry(op).or_default().push((ims, ib));
             }
         }
     }
@@ -343,7 +364,8 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
                 } else {
                     0.0
                 },
-                busbw_gbs: algbw * bus_factor(&op, world as f64),
+                busbw_gbs: algbw
+                    * bus_factor(&op, ranks_of.get(&op).copied().unwrap_or(world as f64)),
                 op,
                 calls: v.len(),
                 bytes,
@@ -357,10 +379,10 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
         .into_iter()
         .take(5)
         .map(|(rank, what, ms)| {
-            // "wait all_gather#18" -> seq 18.
-            let seq = what.rsplit('#').next().and_then(|s| s.parse::<u64>().ok());
-            let (waited_for, late_by_ms) = seq
-                .and_then(|s| submitted.get(&s))
+            // "wait all_gather#18" -> the call "all_gather#18".
+            let call = what.split_whitespace().last().unwrap_or_default();
+            let (waited_for, late_by_ms) = submitted
+                .get(call)
                 .map(|subs| {
                     let mine = subs.iter().find(|x| x.0 == rank).map_or(0.0, |x| x.1);
                     let last = subs
@@ -435,6 +457,16 @@ mod tests {
                     serde_json::Value::Null,
                 ));
                 let seq = s as u64 + 1;
+                // A replica-group call with the same number, at another time: another call.
+                ev.push(x(
+                    &format!("replica.all_reduce#{seq}"),
+                    "collective",
+                    t,
+                    1_000.0,
+                    1000 + rank,
+                    serde_json::json!({"op": "all_reduce", "group": "replica", "ranks": 2,
+                        "seq": seq, "bytes": 1e6}),
+                ));
                 ev.push(x(
                     &format!("wait all_reduce#{seq}"),
                     "comm",
@@ -467,6 +499,10 @@ mod tests {
         assert_eq!(r.waits[0].waited_for, Some(1));
         assert!((r.waits[0].late_by_ms - 4.0).abs() < 1e-9);
         assert_eq!(r.bandwidth[0].op, "all_reduce");
+        assert_eq!(r.bandwidth[1].op, "replica.all_reduce");
+        assert_eq!(r.bandwidth[1].calls, 6);
+        // 1 MB in 1 ms: 1 GB/s algbw, bus factor 2(n-1)/n = 1 over its 2 ranks.
+        assert!((r.bandwidth[1].busbw_gbs - 1.0).abs() < 1e-9);
         assert_eq!(r.clock_accuracy_us, 50.0);
     }
 

@@ -11,7 +11,7 @@
 //!
 //! HSDP is the same step with the scope of the two collectives narrowed ([`Reach`]): units are
 //! gathered inside the node only and gradients reduced with the hybrid reduction, so a rank
-//! owns its node pieces of each unit and only the gradient reduction crosses nodes.
+//! owns its node shard of each unit and only the gradient reduction crosses nodes.
 
 use super::{TrainError, Trainer, TrainerConfig};
 use crate::clock::{Phase, StepClock};

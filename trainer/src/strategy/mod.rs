@@ -12,7 +12,7 @@
 //!   reduce-scattered and dropped before the next is read, so a rank holds its gradient shard
 //!   plus one bucket ([`sharded`]).
 //! * `Hybrid` (stage 2, node scope): FSDP's HYBRID_SHARD_ZERO2: gradients are reduced over
-//!   all ranks but each rank keeps only its node pieces; optimizer state is sharded among a
+//!   all ranks but each rank keeps only its node shard; optimizer state is sharded among a
 //!   node's ranks; updated parameters are gathered inside the node only, so the traffic
 //!   between nodes is the gradient reduction alone ([`sharded`]).
 //! * `Zero3` (stage 3): parameters sharded too; a unit's full parameters are all-gathered just

@@ -1,18 +1,20 @@
 //! Where a strategy's shards live and how its collectives travel ([`Reach`]): across the
 //! world, inside the node with replicas across nodes (hybrid, HSDP), or inside the node with
 //! nothing across (DiLoCo's inner steps). Every sharded strategy cuts, reduces and gathers
-//! through these helpers, so a scope is one value rather than a flag per call site.
+//! through these helpers, so a scope is one value rather than a flag per call site. The node
+//! scopes are ordinary collectives on the process group's sub-groups ([`Group::Node`],
+//! [`Group::Replica`]), as FSDP2 composes HSDP from a shard group and a replicate group.
 
 use std::ops::Range;
-use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, WireDtype, Work};
+use wiretrain_comm::{CallOpts, Group, ProcessGroup, ReduceOp, WireDtype, Work};
 
 /// The ranks a shard spans and the ranks a reduction spans.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Reach {
     /// Shards span every rank; reductions and gathers span every rank.
     World,
-    /// Shards span the node's ranks (the node pieces, the same positions on every node);
-    /// reductions span every rank; gathers stay inside the node.
+    /// Shards span the node's ranks (the node group's shards, the same positions on every
+    /// node); reductions span every rank; gathers stay inside the node.
     Hybrid,
     /// Shards span the node's ranks; reductions and gathers stay inside the node.
     NodeOnly,
@@ -27,27 +29,27 @@ impl Reach {
         }
     }
 
-    /// The ranges of a bucket (or unit) of `len` elements this rank owns.
-    pub fn pieces(self, pg: &ProcessGroup, len: usize) -> Vec<Range<usize>> {
+    /// The range of a bucket (or unit) of `len` elements this rank owns: its shard in the
+    /// group its shards span.
+    pub fn shard(self, pg: &ProcessGroup, len: usize) -> Range<usize> {
         match self {
-            Self::World => vec![pg.shard_range(len)],
-            Self::Hybrid | Self::NodeOnly => pg.node_pieces(len),
+            Self::World => pg.shard_range(len),
+            Self::Hybrid | Self::NodeOnly => pg.group_shard(Group::Node, len),
         }
     }
 
     /// How many elements of a bucket of `len` this rank owns.
     pub fn share(self, pg: &ProcessGroup, len: usize) -> usize {
-        self.pieces(pg, len).iter().map(|r| r.len()).sum()
+        self.shard(pg, len).len()
     }
 
-    /// This rank's pieces of every bucket, as flat ranges, in bucket order.
+    /// This rank's shard of every bucket, as flat ranges, in bucket order.
     pub fn owned(self, pg: &ProcessGroup, buckets: &[Range<usize>]) -> Vec<Range<usize>> {
         buckets
             .iter()
-            .flat_map(|b| {
-                self.pieces(pg, b.len())
-                    .into_iter()
-                    .map(|r| b.start + r.start..b.start + r.end)
+            .map(|b| {
+                let r = self.shard(pg, b.len());
+                b.start + r.start..b.start + r.end
             })
             .collect()
     }
@@ -61,8 +63,8 @@ impl Reach {
     ) -> Work<Vec<f32>> {
         match self {
             Self::NodeOnly => pg
-                .call(CallOpts::default().tag("grads"))
-                .node_all_reduce(flat, ReduceOp::Mean),
+                .call(CallOpts::default().on(Group::Node).tag("grads"))
+                .all_reduce(flat, ReduceOp::Mean),
             Self::World | Self::Hybrid => pg
                 .call(CallOpts::wire(wire).tag("grads"))
                 .all_reduce(flat, ReduceOp::Mean),
@@ -70,18 +72,20 @@ impl Reach {
     }
 
     /// Starts the mean reduction of a bucket's full gradient so that this rank ends with its
-    /// pieces of it (the rest of the buffer is scratch).
+    /// shard of it (the rest of the buffer is scratch).
     pub fn reduce(self, pg: &mut ProcessGroup, wire: WireDtype, flat: Vec<f32>) -> Work<Vec<f32>> {
-        let call = pg.call(CallOpts::wire(wire).tag("grads"));
+        let opts = CallOpts::wire(wire).tag("grads");
         match self {
-            Self::World => call.reduce_scatter_in_place(flat, ReduceOp::Mean),
-            Self::Hybrid => call.hybrid_reduce_in_place(flat, ReduceOp::Mean),
-            Self::NodeOnly => call.node_reduce_scatter_in_place(flat, ReduceOp::Mean),
+            Self::World => pg.call(opts).reduce_scatter_in_place(flat, ReduceOp::Mean),
+            Self::Hybrid => pg.call(opts).hybrid_reduce_in_place(flat, ReduceOp::Mean),
+            Self::NodeOnly => pg
+                .call(opts.on(Group::Node))
+                .reduce_scatter_in_place(flat, ReduceOp::Mean),
         }
     }
 
     /// Starts gathering a bucket of `len` elements from every rank's share (`share`: this
-    /// rank's pieces, concatenated).
+    /// rank's shard of it).
     pub fn gather(
         self,
         pg: &mut ProcessGroup,
@@ -90,26 +94,16 @@ impl Reach {
         len: usize,
     ) -> Work<Vec<f32>> {
         let mut buf = vec![0.0f32; len];
-        let mut at = 0;
-        for r in self.pieces(pg, len) {
-            let n = r.len();
-            buf[r].copy_from_slice(&share[at..at + n]);
-            at += n;
-        }
-        let call = pg.call(CallOpts::wire(wire).tag("params"));
+        buf[self.shard(pg, len)].copy_from_slice(share);
+        let opts = CallOpts::wire(wire).tag("params");
         match self {
-            Self::World => call.all_gather_in_place(buf),
-            Self::Hybrid | Self::NodeOnly => call.node_gather_in_place(buf),
+            Self::World => pg.call(opts).all_gather_in_place(buf),
+            Self::Hybrid | Self::NodeOnly => pg.call(opts.on(Group::Node)).all_gather_in_place(buf),
         }
     }
 
-    /// Copies this rank's pieces of a reduced bucket buffer into `out`.
+    /// Copies this rank's shard of a reduced bucket buffer into `out`.
     pub fn take_share(self, pg: &ProcessGroup, buf: &[f32], out: &mut [f32]) {
-        let mut at = 0;
-        for r in self.pieces(pg, buf.len()) {
-            let n = r.len();
-            out[at..at + n].copy_from_slice(&buf[r]);
-            at += n;
-        }
+        out.copy_from_slice(&buf[self.shard(pg, buf.len())]);
     }
 }

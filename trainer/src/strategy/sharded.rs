@@ -1,5 +1,5 @@
 //! Stages 1-3 at world or node scope (ZeRO-1/2/3, hybrid, HSDP): each rank owns its pieces of
-//! every bucket (its shard, or its node pieces) and keeps optimizer state for those only.
+//! every bucket (its shard, or its node shard) and keeps optimizer state for those only.
 //!
 //! * Stage 1 issues every bucket's reduction and waits for them together.
 //! * Stage 2 waits for each bucket's reduction before flattening the next, so a rank holds

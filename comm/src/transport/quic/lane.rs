@@ -111,6 +111,8 @@ pub(crate) struct RingJob<'a> {
     pub next: usize,
     pub prev: usize,
     pub op: u8,
+    /// The group the call spans (`op::Group::code`).
+    pub group: u8,
     pub seq: u64,
     pub step_base: u32,
     /// What the frames carry; reductions accumulate in f32 whatever travels.
@@ -309,6 +311,7 @@ impl LaneLinks {
                     };
                     let hdr = FrameHeader {
                         op: job.op,
+                        group: job.group,
                         dtype,
                         seq: job.seq,
                         step: job.step_base + s as u32,
@@ -341,6 +344,7 @@ impl LaneLinks {
                         .map_err(Fail::Wire)?;
                     let want = FrameHeader {
                         op: job.op,
+                        group: job.group,
                         dtype,
                         seq: job.seq,
                         step,
@@ -394,6 +398,8 @@ impl LaneLinks {
         op: u8,
         seq: u64,
     ) -> Result<(), LaneError> {
+        // Broadcast spans the world only.
+        let group = crate::op::Group::World.code();
         let per = self.frame_elems;
         let mut chunk = 0u32;
         let mut hb = [0u8; FRAME_HEADER_LEN];
@@ -401,6 +407,7 @@ impl LaneLinks {
             for fr in frames(piece.clone(), per) {
                 let want = FrameHeader {
                     op,
+                    group,
                     dtype: WireDtype::F32,
                     seq,
                     step: 0,
