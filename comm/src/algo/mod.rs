@@ -1,7 +1,9 @@
-//! Sans-IO collective algorithms: which element ranges each rank owns, and the ring and chain
-//! schedules that move them. Nothing here touches a socket, a thread or a clock; the
-//! transports execute these plans, and the tests check them on an in-memory cluster.
+//! Sans-IO collective algorithms: which element ranges each rank owns, the ring and chain
+//! schedules that move them, and the frames a lane sends and expects. Nothing here touches a
+//! socket, a thread or a clock; the transports execute these plans, and the tests check them
+//! on an in-memory cluster.
 
+pub mod frames;
 pub mod layout;
 pub mod program;
 pub mod ring;

@@ -14,6 +14,7 @@ use super::Layout;
 use crate::op::Group;
 use crate::topology::{NodeInfo, RankTable};
 use std::ops::Range;
+use std::sync::Arc;
 
 /// One rank's view of a group: the group as a rank table, and where the rank sits in it.
 #[derive(Debug, Clone)]
@@ -99,14 +100,15 @@ impl Scope {
 
 /// One rank's view of each group (`None`: no replica group past the lanes).
 #[derive(Debug, Clone)]
-pub struct Scopes([Option<Scope>; 3]);
+pub struct Scopes([Option<Arc<Scope>>; 3]);
 
 impl Scopes {
     pub fn of(world: &RankTable, node: usize, local: usize) -> Self {
-        Self(Group::ALL.map(|g| Scope::of(g, world, node, local)))
+        Self(Group::ALL.map(|g| Scope::of(g, world, node, local).map(Arc::new)))
     }
 
-    pub fn get(&self, group: Group) -> Option<&Scope> {
+    /// This rank's view of `group` (shared: a call takes it without copying the table).
+    pub fn get(&self, group: Group) -> Option<&Arc<Scope>> {
         self.0[group.index()].as_ref()
     }
 }

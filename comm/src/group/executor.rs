@@ -4,6 +4,7 @@
 
 use super::{OpId, ReduceOp};
 use crate::abort::FailHook;
+use crate::algo::frames::FrameCall;
 use crate::algo::layout::intersect;
 use crate::algo::program::{Lanes, Post, Pre, Single};
 use crate::algo::{Layout, Program, Scopes, ring};
@@ -428,11 +429,13 @@ impl Executor {
                     steps: &steps,
                     next,
                     prev,
-                    op: id.kind.code(),
-                    group: id.group.code(),
-                    seq: id.seq,
+                    call: FrameCall {
+                        op: id.kind.code(),
+                        group: id.group.code(),
+                        seq: id.seq,
+                        dtype: self.wire,
+                    },
                     step_base: 0,
-                    dtype: self.wire,
                     round_step,
                 };
                 self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
@@ -526,11 +529,13 @@ impl Executor {
             steps: &steps,
             next: (n + 1) % nn,
             prev: (n + nn - 1) % nn,
-            op: id.kind.code(),
-            group: id.group.code(),
-            seq: id.seq,
+            call: FrameCall {
+                op: id.kind.code(),
+                group: id.group.code(),
+                seq: id.seq,
+                dtype: WireDtype::F32,
+            },
             step_base: 0,
-            dtype: WireDtype::F32,
             round_step: None,
         };
         let deadline = Instant::now() + self.timeout;

@@ -1,11 +1,14 @@
-//! A lane's streams and the executors that run on them. Executing a ring step list runs a
-//! sender and a receiver concurrently on the lane: the receiver reduces or copies each frame
-//! into the buffer as it arrives and publishes its progress; the sender forwards a frame as
-//! soon as the frame it depends on has landed. Frames (1 MiB by default) pipeline the ring the
-//! way NCCL's slices do.
+//! A lane's streams and the executors that run on them. Which frames a pass sends and expects,
+//! with their headers and dependencies, is the pure plan of `algo::frames`; the executors only
+//! move them. Executing a ring step list runs a sender and a receiver concurrently on the
+//! lane: the receiver checks each header, reduces or copies the frame into the buffer as it
+//! arrives and publishes its progress; the sender forwards a frame as soon as the frame it
+//! depends on has landed. Frames (1 MiB by default) pipeline the ring the way NCCL's slices
+//! do.
 
 use super::{CLOSE_REASON_WAIT, close_code, describe_conn_error};
-use crate::algo::{RecvMode, RingStep};
+use crate::algo::RingStep;
+use crate::algo::frames::{FrameCall, RingFrames, chain_frames};
 use crate::codec::{self, Apply};
 use crate::error::{TransportError, WireError};
 use crate::wire::{FRAME_HEADER_LEN, FrameHeader, WireDtype};
@@ -110,28 +113,13 @@ pub(crate) struct RingJob<'a> {
     pub steps: &'a [RingStep],
     pub next: usize,
     pub prev: usize,
-    pub op: u8,
-    /// The group the call spans (`op::Group::code`).
-    pub group: u8,
-    pub seq: u64,
+    /// The call the frames belong to and what they carry; reductions accumulate in f32
+    /// whatever travels.
+    pub call: FrameCall,
     pub step_base: u32,
-    /// What the frames carry; reductions accumulate in f32 whatever travels.
-    pub dtype: WireDtype,
     /// The step whose sent piece this node also replaces by its decoded form (its own
     /// finished piece at the start of an all-gather), so all nodes end bit-identical.
     pub round_step: Option<usize>,
-}
-
-fn frames(r: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>> {
-    let n = r.len().div_ceil(per).max(1);
-    (0..n).map(move |i| {
-        let s = r.start + i * per;
-        s..(s + per).min(r.end).max(s)
-    })
-}
-
-fn frame_count(r: &Range<usize>, per: usize) -> usize {
-    r.len().div_ceil(per).max(1)
 }
 
 impl LaneLinks {
@@ -250,17 +238,18 @@ impl LaneLinks {
         }
     }
 
-    /// Executes a ring step list: sends to `next`, receives from `prev`, concurrently.
+    /// Executes a ring step list: sends to `next`, receives from `prev`, concurrently. What
+    /// to send and expect, and when a send may go, is `algo::frames`; this only moves bytes.
     pub async fn ring(&mut self, job: RingJob<'_>) -> Result<(), LaneError> {
-        let per = self.frame_elems;
-        let dtype = job.dtype;
-        // recv_prefix[s] = frames received once step s has completed.
-        let mut recv_prefix = Vec::with_capacity(job.steps.len());
-        let mut acc = 0usize;
-        for st in job.steps {
-            acc += frame_count(&job.pieces[st.recv], per);
-            recv_prefix.push(acc);
-        }
+        let dtype = job.call.dtype;
+        let plan = RingFrames::new(
+            job.call,
+            job.steps,
+            job.pieces,
+            self.frame_elems,
+            job.step_base,
+            job.round_step,
+        );
         let (tx, rx) = tokio::sync::watch::channel(0usize);
         if !self.send.contains_key(&job.next) {
             return Err(self.missing(job.next));
@@ -284,97 +273,60 @@ impl LaneLinks {
 
         let sender = async {
             let mut rx = rx;
-            for (s, st) in job.steps.iter().enumerate() {
-                for (f, fr) in frames(job.pieces[st.send].clone(), per).enumerate() {
-                    if s > 0 {
-                        let prev_frames = frame_count(&job.pieces[job.steps[s - 1].recv], per);
-                        let before = if s >= 2 { recv_prefix[s - 2] } else { 0 };
-                        let need = before + (f + 1).min(prev_frames);
-                        if rx.wait_for(|&c| c >= need).await.is_err() {
-                            // The receiver is gone; try_join reports its error.
-                            return Ok(());
-                        }
-                    }
-                    // SAFETY: this frame's range is final (received or own) and the receiver
-                    // writes only the current step's recv piece, which differs from it.
-                    let data = unsafe { buf.read(fr.clone()) };
-                    let payload: &[u8] = if dtype == WireDtype::F32 {
-                        bytemuck::cast_slice(data)
-                    } else {
-                        codec::encode(dtype, data, enc);
-                        if job.round_step == Some(s) {
-                            // SAFETY: as above; nothing else touches this piece meanwhile.
-                            let own = unsafe { buf.write(fr) };
-                            codec::decode(dtype, enc, own, Apply::Set);
-                        }
-                        enc
-                    };
-                    let hdr = FrameHeader {
-                        op: job.op,
-                        group: job.group,
-                        dtype,
-                        seq: job.seq,
-                        step: job.step_base + s as u32,
-                        chunk: f as u32,
-                        len: payload.len() as u32,
-                    };
-                    send.write_all(&hdr.encode()).await.map_err(Fail::Write)?;
-                    send.write_all(payload).await.map_err(Fail::Write)?;
-                    // A write that fits quinn's send buffer completes without yielding; let
-                    // the connection driver on this worker packetize between frames.
-                    tokio::task::yield_now().await;
-                    sent.fetch_add(
-                        (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
+            for f in &plan.sends {
+                if f.after > 0 && rx.wait_for(|&c| c >= f.after).await.is_err() {
+                    // The receiver is gone; try_join reports its error.
+                    return Ok(());
                 }
+                // SAFETY: this frame's range is final (received or own) and the receiver
+                // writes only the current step's recv piece, which differs from it.
+                let data = unsafe { buf.read(f.range.clone()) };
+                let payload: &[u8] = if dtype == WireDtype::F32 {
+                    bytemuck::cast_slice(data)
+                } else {
+                    codec::encode(dtype, data, enc);
+                    if f.round {
+                        // SAFETY: as above; nothing else touches this piece meanwhile.
+                        let own = unsafe { buf.write(f.range.clone()) };
+                        codec::decode(dtype, enc, own, Apply::Set);
+                    }
+                    enc
+                };
+                send.write_all(&f.header.encode())
+                    .await
+                    .map_err(Fail::Write)?;
+                send.write_all(payload).await.map_err(Fail::Write)?;
+                // A write that fits quinn's send buffer completes without yielding; let
+                // the connection driver on this worker packetize between frames.
+                tokio::task::yield_now().await;
+                sent.fetch_add(
+                    (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
             Ok::<(), Fail>(())
         };
 
         let receiver = async {
-            let mut done = 0usize;
             let mut hb = [0u8; FRAME_HEADER_LEN];
-            for (s, st) in job.steps.iter().enumerate() {
-                for (f, fr) in frames(job.pieces[st.recv].clone(), per).enumerate() {
-                    let step = job.step_base + s as u32;
-                    progress.set(step, f as u32, job.prev);
-                    recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
-                    let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
-                        .map_err(Fail::Wire)?;
-                    let want = FrameHeader {
-                        op: job.op,
-                        group: job.group,
-                        dtype,
-                        seq: job.seq,
-                        step,
-                        chunk: f as u32,
-                        len: codec::encoded_len(dtype, fr.len()) as u32,
-                    };
-                    got.expect(&want).map_err(Fail::Wire)?;
-                    match (st.mode, dtype) {
-                        (RecvMode::Copy, WireDtype::F32) => {
-                            // SAFETY: only the receiver touches the current recv piece.
-                            let dst = unsafe { buf.write(fr) };
-                            recv.read_exact(bytemuck::cast_slice_mut(dst))
-                                .await
-                                .map_err(Fail::Read)?;
-                        }
-                        (mode, _) => {
-                            dec.resize(want.len as usize, 0);
-                            recv.read_exact(dec).await.map_err(Fail::Read)?;
-                            let how = match mode {
-                                RecvMode::Copy => Apply::Set,
-                                RecvMode::Reduce => Apply::Add,
-                            };
-                            // SAFETY: as above.
-                            let dst = unsafe { buf.write(fr) };
-                            codec::decode(dtype, dec, dst, how);
-                        }
-                    }
-                    done += 1;
-                    tx.send_replace(done);
+            for (done, f) in plan.recvs.iter().enumerate() {
+                progress.set(f.header.step, f.header.chunk, job.prev);
+                recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
+                let got =
+                    FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE).map_err(Fail::Wire)?;
+                f.check(&got).map_err(Fail::Wire)?;
+                // SAFETY: only the receiver touches the current recv piece.
+                let dst = unsafe { buf.write(f.range.clone()) };
+                if (f.apply, dtype) == (Apply::Set, WireDtype::F32) {
+                    recv.read_exact(bytemuck::cast_slice_mut(dst))
+                        .await
+                        .map_err(Fail::Read)?;
+                } else {
+                    dec.resize(f.header.len as usize, 0);
+                    recv.read_exact(dec).await.map_err(Fail::Read)?;
+                    codec::decode(dtype, dec, dst, f.apply);
                 }
+                tx.send_replace(done + 1);
             }
             Ok::<(), Fail>(())
         };
@@ -387,8 +339,9 @@ impl LaneLinks {
         }
     }
 
-    /// A chain broadcast of `pieces` (in order, as one stream of frames): receive each frame
-    /// from `from` (unless this node is the root), then forward it to `to` (unless last).
+    /// A chain broadcast of `pieces` (in order, as one stream of frames, `algo::frames`):
+    /// receive each frame from `from` (unless this node is the root), then forward it to `to`
+    /// (unless last).
     pub async fn chain(
         &mut self,
         buf: RawBuf,
@@ -400,62 +353,48 @@ impl LaneLinks {
     ) -> Result<(), LaneError> {
         // Broadcast spans the world only.
         let group = crate::op::Group::World.code();
-        let per = self.frame_elems;
-        let mut chunk = 0u32;
         let mut hb = [0u8; FRAME_HEADER_LEN];
-        for piece in pieces {
-            for fr in frames(piece.clone(), per) {
-                let want = FrameHeader {
-                    op,
-                    group,
-                    dtype: WireDtype::F32,
-                    seq,
-                    step: 0,
-                    chunk,
-                    len: (fr.len() * 4) as u32,
+        for (fr, want) in chain_frames(op, group, seq, pieces, self.frame_elems) {
+            if let Some(p) = from {
+                self.progress.set(0, want.chunk, p);
+                if !self.recv.contains_key(&p) {
+                    return Err(self.missing(p));
+                }
+                let recv = self.recv.get_mut(&p).expect("checked");
+                if let Err(e) = recv.read_exact(&mut hb).await {
+                    return Err(self.read_err(p, e).await);
+                }
+                let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
+                    .and_then(|g| g.expect(&want).map(|()| g));
+                if let Err(w) = got {
+                    return Err(self.protocol(p, w));
+                }
+                // SAFETY: the chain touches one frame at a time, sequentially.
+                let dst = unsafe { buf.write(fr.clone()) };
+                let recv = self.recv.get_mut(&p).expect("checked");
+                if let Err(e) = recv.read_exact(bytemuck::cast_slice_mut(dst)).await {
+                    return Err(self.read_err(p, e).await);
+                }
+            }
+            if let Some(n) = to {
+                // SAFETY: as above.
+                let data = unsafe { buf.read(fr) };
+                let send = match self.send.get_mut(&n) {
+                    Some(s) => s,
+                    None => return Err(self.missing(n)),
                 };
-                if let Some(p) = from {
-                    self.progress.set(0, chunk, p);
-                    if !self.recv.contains_key(&p) {
-                        return Err(self.missing(p));
-                    }
-                    let recv = self.recv.get_mut(&p).expect("checked");
-                    if let Err(e) = recv.read_exact(&mut hb).await {
-                        return Err(self.read_err(p, e).await);
-                    }
-                    let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
-                        .and_then(|g| g.expect(&want).map(|()| g));
-                    if let Err(w) = got {
-                        return Err(self.protocol(p, w));
-                    }
-                    // SAFETY: the chain touches one frame at a time, sequentially.
-                    let dst = unsafe { buf.write(fr.clone()) };
-                    let recv = self.recv.get_mut(&p).expect("checked");
-                    if let Err(e) = recv.read_exact(bytemuck::cast_slice_mut(dst)).await {
-                        return Err(self.read_err(p, e).await);
-                    }
+                let r = match send.write_all(&want.encode()).await {
+                    Ok(()) => send.write_all(bytemuck::cast_slice(data)).await,
+                    Err(e) => Err(e),
+                };
+                if let Err(e) = r {
+                    return Err(self.write_err(n, e).await);
                 }
-                if let Some(n) = to {
-                    // SAFETY: as above.
-                    let data = unsafe { buf.read(fr) };
-                    let send = match self.send.get_mut(&n) {
-                        Some(s) => s,
-                        None => return Err(self.missing(n)),
-                    };
-                    let r = match send.write_all(&want.encode()).await {
-                        Ok(()) => send.write_all(bytemuck::cast_slice(data)).await,
-                        Err(e) => Err(e),
-                    };
-                    if let Err(e) = r {
-                        return Err(self.write_err(n, e).await);
-                    }
-                    tokio::task::yield_now().await;
-                    self.sent.fetch_add(
-                        (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
-                        std::sync::atomic::Ordering::Relaxed,
-                    );
-                }
-                chunk += 1;
+                tokio::task::yield_now().await;
+                self.sent.fetch_add(
+                    (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
+                    std::sync::atomic::Ordering::Relaxed,
+                );
             }
         }
         Ok(())
