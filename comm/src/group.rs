@@ -504,6 +504,7 @@ mod bytes;
 mod call;
 mod executor;
 mod node;
+mod phases;
 
 pub use call::{Call, CallOpts};
 use executor::Executor;

@@ -2,12 +2,12 @@
 //! the node it works on the shared buffers (the fused reduce and copy loops); across nodes it
 //! hands each lane's ring to the node's network runtime.
 
+use super::phases::{CallCx, mean_phase, post_phase, pre_phase, single_node};
 use super::{OpId, ReduceOp};
 use crate::abort::FailHook;
 use crate::algo::frames::FrameCall;
-use crate::algo::layout::intersect;
-use crate::algo::program::{Lanes, Post, Pre, Single};
-use crate::algo::{Layout, Program, Scopes, ring};
+use crate::algo::program::{Lanes, Pre};
+use crate::algo::{Program, Scope, Scopes, ring};
 use crate::error::{CollectiveError, Error, TransportError};
 use crate::topology::RankTable;
 use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
@@ -314,49 +314,19 @@ impl Executor {
         let len = buf.len();
         let span = tracing::debug_span!("collective", op = %id, rank = self.rank, len);
         let _g = span.enter();
-        let deadline = Instant::now() + self.timeout;
-        let bytes = len * 4;
         let Some(scope) = self.scopes.get(id.group).cloned() else {
             // Refused at submission unless empty: nothing to do.
             return Ok(());
         };
-        let table = &scope.table;
-        let (n, j) = (scope.node, scope.local);
-        let meet = scope.meets_in_node();
-        let nn = table.num_nodes();
-        let lay = scope.layout(len);
-        let lanes = lay.lanes();
-        let my_lane = (j < lanes).then_some(j);
-        let k = table.ranks_on(n);
+        let Some(prog) = Program::of(id.kind) else {
+            let e = CollectiveError::InvalidCall("p2p is not a collective".into());
+            return Err(self.fail(id, e));
+        };
+        let deadline = Instant::now() + self.timeout;
         // One pointer for everything that touches the buffer from here on (the slot other
         // ranks use and our own lane), derived once.
         let ptr = buf.as_mut_ptr();
-        // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
-        let raw = unsafe { RawBuf::from_raw(ptr, len) };
-        let peers = if meet {
-            let call = Call {
-                seq: id.seq,
-                op: id.kind.code(),
-                group: id.group.code(),
-                len,
-                arg,
-            };
-            self.shared.publish_raw(self.local, ptr, len, call);
-            self.barrier(id, bytes, deadline)?;
-            let peers = self
-                .shared
-                .peers(self.local)
-                .map_err(|detail| CollectiveError::Mismatch {
-                    seq: id.seq,
-                    detail,
-                });
-            match peers {
-                Ok(p) => p,
-                Err(e) => return Err(self.fail(id, e)),
-            }
-        } else {
-            Peers::solo(ptr, len)
-        };
+        let peers = self.enter(id, &scope, ptr, len, arg, deadline)?;
         // Test hook: a panic between barriers, with the other local ranks using the buffer.
         #[cfg(test)]
         if self.panic_at == Some((self.rank, id.seq)) {
@@ -365,108 +335,108 @@ impl Executor {
                 id.seq, self.rank
             );
         }
-        let next = (n + 1) % nn;
-        let prev = (n + nn - 1) % nn;
-        let world = table.world() as f32;
-        let Some(prog) = Program::of(id.kind) else {
-            return Err(self.fail(
-                id,
-                CollectiveError::InvalidCall("p2p is not a collective".into()),
-            ));
+        let cx = CallCx {
+            id,
+            prog,
+            lay: scope.layout(len),
+            scope: &scope,
+            peers: &peers,
+            // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
+            raw: unsafe { RawBuf::from_raw(ptr, len) },
+            arg,
+            deadline,
         };
-        if nn == 1 {
-            Self::single_node(prog.single, &peers, &lay, (j, k), arg, reduce);
-            return self.meet(meet, id, bytes, deadline);
+        let meet = scope.meets_in_node();
+        let (j, k) = (scope.local, scope.table.ranks_on(scope.node));
+        if scope.table.num_nodes() == 1 {
+            single_node(prog.single, &peers, &cx.lay, (j, k), arg, reduce);
+            return self.meet(meet, id, len * 4, deadline);
         }
-        if let Some(l) = my_lane {
-            let pieces = lay.lane_pieces(l);
-            match prog.pre {
-                // SAFETY: lane l's pieces are written only by local rank l (me) in this
-                // phase, and read only by me.
-                Pre::Reduce if k > 1 => {
-                    for r in &pieces {
-                        unsafe { sum_into(&peers, j, k, r.clone(), 1.0, false) };
-                    }
-                }
-                Pre::CollectChunks => {
-                    let (first, piece) = (table.first_rank(n), lay.piece(n, l));
-                    for i in (0..k).filter(|&i| i != j) {
-                        copy_from(&peers, i, j, intersect(&lay.chunk(first + i), &piece));
-                    }
-                }
-                Pre::FromRoot => {
-                    let (rn, rl) = table.locate(arg);
-                    if n == rn && j != rl {
-                        for r in &pieces {
-                            copy_from(&peers, rl, j, r.clone());
-                        }
-                    }
-                }
-                Pre::Reduce => {}
-            }
-            // The ring's steps, and the step from which it forwards finished pieces (an
-            // all-gather half starts with this node's own finished piece).
-            let schedule = match prog.lanes {
-                Lanes::AllReduce => Some((ring::all_reduce(n, nn), Some(nn - 1))),
-                Lanes::ReduceScatter => Some((ring::reduce_scatter(n, nn), None)),
-                Lanes::AllGather => Some((ring::all_gather(n, nn), Some(0))),
-                Lanes::Chain => {
-                    let (recv, send) = ring::chain_role(n, table.locate(arg).0, nn);
-                    let task = LaneTask::Chain {
-                        buf: raw,
-                        pieces: &pieces,
-                        from: recv.then_some(prev),
-                        to: send.then_some(next),
-                    };
-                    self.on_lane(id, bytes, deadline, task)?;
-                    None
-                }
-            };
-            if let Some((steps, round_step)) = schedule {
-                let job = RingJob {
-                    buf: raw,
-                    pieces: &pieces,
-                    steps: &steps,
-                    next,
-                    prev,
-                    call: FrameCall {
-                        op: id.kind.code(),
-                        group: id.group.code(),
-                        seq: id.seq,
-                        dtype: self.wire,
-                    },
-                    step_base: 0,
-                    round_step,
-                };
-                self.on_lane(id, bytes, deadline, LaneTask::Ring(job))?;
-            }
+        if j < cx.lay.lanes() {
+            pre_phase(&cx);
+            self.lane_phase(&cx)?;
             if reduce == ReduceOp::Mean && prog.pre == Pre::Reduce {
-                let owned = if prog.only_own_piece_reduced() {
-                    vec![lay.piece(n, l)]
-                } else {
-                    pieces
+                mean_phase(&cx);
+            }
+        }
+        self.meet(meet, id, len * 4, deadline)?;
+        post_phase(&cx);
+        self.meet(meet, id, len * 4, deadline)
+    }
+
+    /// The start of a call: publishes the buffer and meets the node's other ranks (checking
+    /// they make the same call), or, for a group with one rank per node, takes the buffer
+    /// alone.
+    fn enter(
+        &mut self,
+        id: OpId,
+        scope: &Scope,
+        ptr: *mut f32,
+        len: usize,
+        arg: usize,
+        deadline: Instant,
+    ) -> Result<Peers, Error> {
+        if !scope.meets_in_node() {
+            return Ok(Peers::solo(ptr, len));
+        }
+        let call = Call {
+            seq: id.seq,
+            op: id.kind.code(),
+            group: id.group.code(),
+            len,
+            arg,
+        };
+        self.shared.publish_raw(self.local, ptr, len, call);
+        self.barrier(id, len * 4, deadline)?;
+        let peers = self
+            .shared
+            .peers(self.local)
+            .map_err(|detail| CollectiveError::Mismatch {
+                seq: id.seq,
+                detail,
+            });
+        peers.map_err(|e| self.fail(id, e))
+    }
+
+    /// Across nodes: this lane's ring (or chain) over its pieces, one per node.
+    fn lane_phase(&mut self, cx: &CallCx<'_>) -> Result<(), Error> {
+        let (n, nn) = (cx.scope.node, cx.scope.table.num_nodes());
+        let (next, prev) = ((n + 1) % nn, (n + nn - 1) % nn);
+        let pieces = cx.lay.lane_pieces(cx.scope.local);
+        let bytes = cx.lay.len() * 4;
+        // The ring's steps, and the step from which it forwards finished pieces (an
+        // all-gather half starts with this node's own finished piece).
+        let (steps, round_step) = match cx.prog.lanes {
+            Lanes::AllReduce => (ring::all_reduce(n, nn), Some(nn - 1)),
+            Lanes::ReduceScatter => (ring::reduce_scatter(n, nn), None),
+            Lanes::AllGather => (ring::all_gather(n, nn), Some(0)),
+            Lanes::Chain => {
+                let (recv, send) = ring::chain_role(n, cx.scope.table.locate(cx.arg).0, nn);
+                let task = LaneTask::Chain {
+                    buf: cx.raw,
+                    pieces: &pieces,
+                    from: recv.then_some(prev),
+                    to: send.then_some(next),
                 };
-                for r in owned {
-                    let dst = unsafe { peers.write(j, r) };
-                    dst.iter_mut().for_each(|x| *x /= world);
-                }
+                return self.on_lane(cx.id, bytes, cx.deadline, task);
             }
-        }
-        self.meet(meet, id, bytes, deadline)?;
-        let me = scope.rank();
-        for l in (0..lanes).filter(|&l| l != j) {
-            match prog.post {
-                Post::OtherLanes => {
-                    for r in lay.lane_pieces(l) {
-                        copy_from(&peers, l, j, r);
-                    }
-                }
-                Post::OwnChunk => {
-                    copy_from(&peers, l, j, intersect(&lay.chunk(me), &lay.piece(n, l)))
-                }
-            }
-        }
-        self.meet(meet, id, bytes, deadline)
+        };
+        let job = RingJob {
+            buf: cx.raw,
+            pieces: &pieces,
+            steps: &steps,
+            next,
+            prev,
+            call: FrameCall {
+                op: cx.id.kind.code(),
+                group: cx.id.group.code(),
+                seq: cx.id.seq,
+                dtype: self.wire,
+            },
+            step_base: 0,
+            round_step,
+        };
+        self.on_lane(cx.id, bytes, cx.deadline, LaneTask::Ring(job))
     }
 
     /// The node's barrier, for a call whose group meets in the node (else nothing).
@@ -475,36 +445,6 @@ impl Executor {
             self.barrier(id, bytes, deadline)
         } else {
             Ok(())
-        }
-    }
-
-    /// One node: everything happens in shared memory between the entry and exit barriers.
-    /// Rank j owns chunk j of every buffer; reductions read all k inputs once per block and
-    /// (for all-reduce) write the result straight into every buffer.
-    /// `(j, k)`: this rank's index among the node's `k` ranks of the call's group.
-    pub(super) fn single_node(
-        single: Single,
-        peers: &Peers,
-        lay: &Layout,
-        (j, k): (usize, usize),
-        arg: usize,
-        reduce: ReduceOp,
-    ) {
-        let mine = lay.chunk(j);
-        let divisor = match reduce {
-            ReduceOp::Sum => 1.0,
-            ReduceOp::Mean => k as f32,
-        };
-        match single {
-            // SAFETY: chunk j of every buffer belongs to rank j in this phase.
-            Single::AllReduce => unsafe { sum_into(peers, j, k, mine, divisor, true) },
-            Single::ReduceScatter => unsafe { sum_into(peers, j, k, mine, divisor, false) },
-            Single::Gather => {
-                for i in (0..k).filter(|&i| i != j) {
-                    copy_from(peers, i, j, lay.chunk(i));
-                }
-            }
-            Single::Broadcast => copy_from(peers, arg, j, 0..lay.len()),
         }
     }
 
@@ -541,55 +481,4 @@ impl Executor {
         let deadline = Instant::now() + self.timeout;
         self.on_lane(id, half * 4, deadline, LaneTask::Ring(job))
     }
-}
-
-/// Elements per block of the fused intra-node loops: small enough to stay in L1/L2 between
-/// the reads of the k inputs and the writes.
-pub(super) const BLOCK: usize = 8 << 10;
-
-/// `me[r] = sum_i buf_i[r] / divisor`, block by block in one pass over each input; with
-/// `spread`, the result is also written to every other local buffer (a fused all-gather).
-///
-/// # Safety
-/// `r` must be owned by `me` in this phase: no other rank reads or writes `r` of any buffer.
-pub(super) unsafe fn sum_into(
-    peers: &Peers,
-    me: usize,
-    k: usize,
-    r: std::ops::Range<usize>,
-    divisor: f32,
-    spread: bool,
-) {
-    let mut at = r.start;
-    while at < r.end {
-        let b = at..(at + BLOCK).min(r.end);
-        // SAFETY: per the function contract.
-        let dst = unsafe { peers.write(me, b.clone()) };
-        for i in (0..k).filter(|&i| i != me) {
-            let src = unsafe { peers.read(i, b.clone()) };
-            dst.iter_mut().zip(src).for_each(|(d, s)| *d += *s);
-        }
-        if divisor != 1.0 {
-            dst.iter_mut().for_each(|x| *x /= divisor);
-        }
-        if spread {
-            for i in (0..k).filter(|&i| i != me) {
-                unsafe { peers.write(i, b.clone()) }.copy_from_slice(dst);
-            }
-        }
-        at = b.end;
-    }
-}
-
-/// Copies elements `r` of local rank `from`'s buffer into local rank `to`'s (`to` is the
-/// calling rank; `from` does not write `r` in this phase).
-pub(super) fn copy_from(peers: &Peers, from: usize, to: usize, r: std::ops::Range<usize>) {
-    if r.is_empty() || from == to {
-        return;
-    }
-    // SAFETY: per the phase rules, `from` only reads/writes its own lane ranges, which
-    // `r` belongs to and which are final; `to` (me) is the only writer of my copy of `r`.
-    let src = unsafe { peers.read(from, r.clone()) };
-    let dst = unsafe { peers.write(to, r) };
-    dst.copy_from_slice(src);
 }

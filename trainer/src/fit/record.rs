@@ -1,0 +1,280 @@
+//! What [`super::fit`] keeps of a run: the metrics JSONL (one line per step, then the summary
+//! with every rank's device and memory), the progress bar, the points of the PNG plot, and the
+//! closing line on rank 0's stderr.
+
+use super::pace::Pace;
+use super::{FitError, FitOptions, Fitted, PlotPoint, io, strategy_name};
+use crate::balance::Balance;
+use crate::engine::{StepReport, Trainer};
+use burn::module::Module;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+/// The run's record, kept on every rank (only rank 0 writes files and shows the bar).
+pub(super) struct Record {
+    leader: bool,
+    out: Option<std::io::BufWriter<std::fs::File>>,
+    pub bar: ProgressBar,
+    t_start: Instant,
+    t_iter: Instant,
+    points: Vec<PlotPoint>,
+    /// Per step: step, compute, comm, optim ms, sent bytes, gather ms.
+    split: Vec<[f64; 6]>,
+    comm_total: f64,
+}
+
+impl Record {
+    /// Opens the metrics file (rank 0) and starts the clock and the peak-memory counters.
+    pub fn open(run: &FitOptions, leader: bool) -> Result<Self, FitError> {
+        let out = match (&run.metrics, leader) {
+            (Some(p), true) => Some(std::io::BufWriter::new(
+                std::fs::File::create(p)
+                    .map_err(|e| io(format!("--metrics {}", p.display()), e))?,
+            )),
+            _ => None,
+        };
+        // The peak memory reported is that of the training steps, not of start-up (where
+        // every rank briefly holds the whole model, whatever the strategy).
+        crate::rss::reset_peak_rss();
+        crate::heap::reset_peak();
+        Ok(Self {
+            leader,
+            out,
+            bar: progress_bar(run.steps, leader && run.progress),
+            t_start: Instant::now(),
+            t_iter: Instant::now(),
+            points: Vec::with_capacity(run.steps),
+            split: Vec::with_capacity(run.steps),
+            comm_total: 0.0,
+        })
+    }
+
+    pub fn steps_done(&self) -> usize {
+        self.points.len()
+    }
+
+    /// Records step `step`: its metrics line, its plot point, the bar.
+    pub fn step(
+        &mut self,
+        step: usize,
+        rep: &StepReport,
+        global_batch: usize,
+        shares: &Option<Vec<usize>>,
+    ) -> Result<(), FitError> {
+        let samples_per_s = global_batch as f64 / (rep.step_ms / 1e3);
+        self.comm_total += rep.comm_ms;
+        self.points.push(PlotPoint {
+            step,
+            loss: rep.loss as f64,
+            samples_per_s,
+        });
+        self.split.push([
+            rep.step_ms,
+            rep.compute_ms,
+            rep.comm_ms,
+            rep.optim_ms,
+            rep.sent_bytes as f64,
+            rep.gather_ms,
+        ]);
+        if let Some(o) = self.out.as_mut() {
+            let line = serde_json::json!({
+                "step": step,
+                "loss": rep.loss,
+                "samples_per_s": samples_per_s,
+                "step_ms": rep.step_ms,
+                "comm_ms": rep.comm_ms,
+                "compute_ms": rep.compute_ms,
+                "optim_ms": rep.optim_ms,
+                "gather_ms": rep.gather_ms,
+                "sent_bytes": rep.sent_bytes,
+                "shares": shares,
+                // The whole loop iteration on the leader: the step plus anything between steps.
+                "wall_ms": self.t_iter.elapsed().as_secs_f64() * 1e3,
+            });
+            writeln!(o, "{line}")
+                .and_then(|()| o.flush())
+                .map_err(|e| io("writing --metrics".into(), e))?;
+        }
+        self.t_iter = Instant::now();
+        self.bar.set_position(step as u64 + 1);
+        self.bar.set_message(format!(
+            "loss {:.4} | {:.0} samples/s | comm {:.0}%{}",
+            rep.loss,
+            samples_per_s,
+            100.0 * rep.comm_ms / rep.step_ms.max(1e-9),
+            shares
+                .as_ref()
+                .map(|s| format!(" | shares {s:?}"))
+                .unwrap_or_default()
+        ));
+        Ok(())
+    }
+
+    /// Ends the run: every rank's memory gathered, the summary line, `--save-params`, the
+    /// plot and the closing line (rank 0).
+    pub fn finish<M: Module>(
+        mut self,
+        mut trainer: Trainer<M>,
+        run: &FitOptions,
+        start: usize,
+        stopped: Option<usize>,
+        pace: &Pace,
+    ) -> Result<Fitted<M>, FitError> {
+        let steps_done = self.steps_done();
+        let elapsed = self.t_start.elapsed().max(Duration::from_micros(1));
+        let samples_per_s = (steps_done * run.global_batch) as f64 / elapsed.as_secs_f64();
+        let mem = trainer.memory();
+        let mine = [
+            mem.params_bytes as u64,
+            mem.grads_bytes as u64,
+            mem.optim_bytes as u64,
+            crate::rss::peak_rss_bytes().unwrap_or(0),
+            crate::heap::peak_bytes().unwrap_or(0) as u64,
+        ];
+        let per_rank = gather_memory(trainer.process_group(), mine)?;
+        let full_params = match &run.save_params {
+            Some(_) => Some(trainer.gather_params()?),
+            None => None,
+        };
+        let first_loss = self.points.first().map(|p| p.loss);
+        let final_loss = self.points.last().map(|p| p.loss);
+        if let Some(mut o) = self.out.take() {
+            let mut summary = serde_json::json!({
+                "summary": true,
+                "strategy": strategy_name(trainer.config()),
+                "diloco": trainer.config().diloco(),
+                "world": trainer.process_group().world(),
+                "steps": run.steps,
+                "steps_done": steps_done,
+                "resumed_from": start,
+                "stopped_early": stopped.is_some(),
+                "global_batch": run.global_batch,
+                "accumulate": run.accumulate,
+                "first_loss": first_loss,
+                "final_loss": final_loss,
+                "samples_per_s": samples_per_s,
+                "comm_share": self.comm_total / (elapsed.as_secs_f64() * 1e3),
+                "median": medians(&self.split),
+                "params_total": trainer.layout().total(),
+                "largest_bucket_elems": trainer.largest_bucket(),
+                "prefetch": trainer.config().prefetch(),
+                "wire_dtype": trainer.config().wire().name(),
+                "optimizer": trainer.optimizer_path(),
+                "kernels": trainer.kernel_counters(),
+                "memory_per_rank": per_rank,
+                "balance": match &run.balance {
+                    Balance::Equal => "equal",
+                    Balance::Speed => "speed",
+                    Balance::Fixed(_) => "fixed",
+                },
+                "shares": pace.shares,
+                "speeds": pace.balancer.speeds(),
+                "devices": crate::run::devices_of(trainer.process_group().table()),
+            });
+            // The caller's description of the run (example, seed, ...) completes the summary.
+            if let (Some(s), Some(m)) = (summary.as_object_mut(), run.meta.as_object()) {
+                for (k, v) in m {
+                    s.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
+            writeln!(o, "{summary}")
+                .and_then(|()| o.flush())
+                .map_err(|e| io("writing --metrics".into(), e))?;
+        }
+        if self.leader {
+            eprintln!(
+                "wiretrain: {steps_done} steps, loss {:.4} -> {:.4}, {samples_per_s:.1} samples/s",
+                first_loss.unwrap_or(0.0),
+                final_loss.unwrap_or(0.0),
+            );
+            if let (Some(p), Some(full)) = (&run.save_params, &full_params) {
+                let bytes: Vec<u8> = full.iter().flat_map(|x| x.to_le_bytes()).collect();
+                std::fs::write(p, bytes)
+                    .map_err(|e| io(format!("--save-params {}", p.display()), e))?;
+            }
+            #[cfg(feature = "plot")]
+            if let Some(p) = &run.plot {
+                let title = format!(
+                    "{} {} world {}, global batch {}",
+                    run.title,
+                    strategy_name(trainer.config()),
+                    trainer.process_group().world(),
+                    run.global_batch
+                );
+                crate::plot::plot_run(p, &title, &self.points)
+                    .map_err(|e| FitError::Plot(e.to_string()))?;
+                eprintln!("wiretrain: plot written to {}", p.display());
+            }
+        }
+        Ok(Fitted {
+            trainer,
+            stopped_after: stopped,
+            steps_done,
+            first_loss,
+            final_loss,
+        })
+    }
+}
+
+fn progress_bar(steps: usize, show: bool) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(
+        Some(steps as u64),
+        if show {
+            ProgressDrawTarget::stderr()
+        } else {
+            ProgressDrawTarget::hidden()
+        },
+    );
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} step {pos}/{len} [{bar:30}] {msg} (eta {eta})")
+            .expect("a valid progress template")
+            .progress_chars("=> "),
+    );
+    bar
+}
+
+/// Medians of the per-step time split (the first step, which compiles kernels, is left out
+/// when there are more).
+fn medians(reports: &[[f64; 6]]) -> serde_json::Value {
+    let skip = usize::from(reports.len() > 1);
+    let med = |k: usize| {
+        let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    serde_json::json!({
+        "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
+        "sent_bytes": med(4), "gather_ms": med(5),
+    })
+}
+
+/// Every rank's [params, grads, optim, peak RSS of its process during the steps, peak live heap
+/// bytes of its process during the steps (0: not counted)] bytes, in rank order.
+fn gather_memory(
+    pg: &mut wiretrain_comm::ProcessGroup,
+    mine: [u64; 5],
+) -> Result<Vec<serde_json::Value>, wiretrain_comm::Error> {
+    let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let all = pg.all_gather_bytes(&bytes)?;
+    Ok(all
+        .iter()
+        .enumerate()
+        .map(|(r, b)| {
+            let v: Vec<u64> = b
+                .chunks_exact(8)
+                .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+                .collect();
+            let at = |i: usize| v.get(i).copied().unwrap_or(0);
+            serde_json::json!({
+                "rank": r,
+                "params_bytes": at(0),
+                "grads_bytes": at(1),
+                "optim_bytes": at(2),
+                "model_state_bytes": at(0) + at(1) + at(2),
+                "peak_rss_bytes": at(3),
+                "peak_heap_bytes": Some(at(4)).filter(|&h| h > 0),
+            })
+        })
+        .collect())
+}
