@@ -58,43 +58,8 @@ impl Node {
             })?;
         let identity = JobIdentity::for_job(&cfg.token, cfg.job_id.as_deref())?;
         let fingerprint = identity.fingerprint();
-        let (endpoint, node, table, peers, lanes) = runtime.block_on(async {
-            let ep = quic::endpoint(cfg.bind, &identity, &cfg.quic)?;
-            let local = ep.local_addr().map_err(|source| Error::Io {
-                context: "reading the bound address",
-                source,
-            })?;
-            if let Some(p) = cfg
-                .fingerprint_file
-                .as_ref()
-                .filter(|_| cfg.node_rank == Some(0))
-            {
-                write_atomically(p, &identity.node_fingerprint()).map_err(|source| Error::Io {
-                    context: "writing the fingerprint file",
-                    source,
-                })?;
-            }
-            if let Some(p) = &cfg.addr_file {
-                write_atomically(p, &local.to_string()).map_err(|source| Error::Io {
-                    context: "writing the address file",
-                    source,
-                })?;
-            }
-            tracing::info!(%local, nnodes = cfg.nnodes, "node endpoint up");
-            // The CA fingerprint identifies the job token's CA: debug only.
-            tracing::debug!(ca_fingerprint = %fingerprint, "job CA");
-            let (table, me, peers) = if cfg.node_rank == Some(0) {
-                let (t, p) =
-                    rendezvous::coordinate(&ep, &cfg, local, &identity.node_fingerprint()).await?;
-                (t, 0, p)
-            } else {
-                let (t, me, p0) = rendezvous::join(&ep, &identity, &cfg).await?;
-                (t, me, vec![p0])
-            };
-            let peers = rendezvous::mesh(&ep, &identity, &cfg, &table, me, peers).await?;
-            let lanes = rendezvous::open_lanes_inner(&cfg, &table, me, &peers).await?;
-            Ok::<_, Error>((ep, me, table, peers, lanes))
-        })?;
+        let (endpoint, node, table, peers, lanes) =
+            runtime.block_on(connect(&cfg, &identity, &fingerprint))?;
         let table = Arc::new(table);
         let k = table.ranks_on(node);
         let shared = Arc::new(NodeShared::new(k));
@@ -110,13 +75,12 @@ impl Node {
             let rank = table.global_rank(node, local);
             let lane = lanes.get_mut(local).and_then(Option::take);
             let sent = lane.as_ref().map(|l| l.sent.clone());
-            let scopes = Arc::new(crate::algo::Scopes::of(&table, node, local));
-            let mut ex = Executor {
+            let ex = Executor {
                 rank,
                 local,
                 node,
                 table: table.clone(),
-                scopes: scopes.clone(),
+                scopes: Arc::new(crate::algo::Scopes::of(&table, node, local)),
                 shared: shared.clone(),
                 lane,
                 rt: runtime.handle().clone(),
@@ -134,53 +98,7 @@ impl Node {
                 local,
                 rank,
             };
-            let on_panic = aborter.clone();
-            let gone: Gone = Arc::default();
-            let gone_w = gone.clone();
-            let (tx, rx) = mpsc::channel::<Job>();
-            let worker = std::thread::Builder::new()
-                .name(format!("wiretrain-comm-{rank}"))
-                .spawn(move || {
-                    while let Ok(job) = rx.recv() {
-                        // A panic here may come between barriers, with other local ranks
-                        // using this rank's buffer: the collective leaked it (it was held in
-                        // a ManuallyDrop), and the node fails at once with the message.
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            job(&mut ex);
-                        }));
-                        if let Err(p) = r {
-                            let why = format!(
-                                "local rank {local} panicked in its communication thread: {}",
-                                crate::abort::panic_message(&*p)
-                            );
-                            *gone_w.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
-                            on_panic.abort(&why);
-                            break;
-                        }
-                    }
-                })
-                .map_err(|source| Error::Io {
-                    context: "spawning a communication thread",
-                    source,
-                })?;
-            groups.push(ProcessGroup {
-                rank,
-                local_rank: local,
-                node,
-                table: table.clone(),
-                scopes: scopes.clone(),
-                seqs: [0; 3],
-                tx: Some(tx),
-                worker: Some(worker),
-                sent,
-                flight: Arc::new(std::sync::Mutex::new(crate::flight::FlightRecorder::new(
-                    rank,
-                ))),
-                wire: WireDtype::F32,
-                timeout: cfg.collective_timeout,
-                gone,
-                aborter,
-            });
+            groups.push(start_rank(ex, aborter, sent, cfg.collective_timeout)?);
         }
         Ok(Node {
             table,
@@ -256,6 +174,108 @@ impl Drop for Node {
             rt.shutdown_timeout(Duration::from_millis(200));
         }
     }
+}
+
+/// Brings up this node's endpoint, then rendezvous, the full mesh and the lane streams:
+/// (endpoint, this node's rank, the rank table, the peers, this node's lanes).
+async fn connect(
+    cfg: &NodeConfig,
+    identity: &JobIdentity,
+    fingerprint: &str,
+) -> Result<(Endpoint, usize, RankTable, Vec<Peer>, Vec<LaneLinks>), Error> {
+    let ep = quic::endpoint(cfg.bind, identity, &cfg.quic)?;
+    let local = ep.local_addr().map_err(|source| Error::Io {
+        context: "reading the bound address",
+        source,
+    })?;
+    if let Some(p) = cfg
+        .fingerprint_file
+        .as_ref()
+        .filter(|_| cfg.node_rank == Some(0))
+    {
+        write_atomically(p, &identity.node_fingerprint()).map_err(|source| Error::Io {
+            context: "writing the fingerprint file",
+            source,
+        })?;
+    }
+    if let Some(p) = &cfg.addr_file {
+        write_atomically(p, &local.to_string()).map_err(|source| Error::Io {
+            context: "writing the address file",
+            source,
+        })?;
+    }
+    tracing::info!(%local, nnodes = cfg.nnodes, "node endpoint up");
+    // The CA fingerprint identifies the job token's CA: debug only.
+    tracing::debug!(ca_fingerprint = %fingerprint, "job CA");
+    let (table, me, peers) = if cfg.node_rank == Some(0) {
+        let (t, p) = rendezvous::coordinate(&ep, cfg, local, &identity.node_fingerprint()).await?;
+        (t, 0, p)
+    } else {
+        let (t, me, p0) = rendezvous::join(&ep, identity, cfg).await?;
+        (t, me, vec![p0])
+    };
+    let peers = rendezvous::mesh(&ep, identity, cfg, &table, me, peers).await?;
+    let lanes = rendezvous::open_lanes_inner(cfg, &table, me, &peers).await?;
+    Ok((ep, me, table, peers, lanes))
+}
+
+/// Starts the communication thread of `ex`'s rank, which runs its collectives in order, and
+/// hands back the rank's process group.
+fn start_rank(
+    mut ex: Executor,
+    aborter: Aborter,
+    sent: Option<Arc<std::sync::atomic::AtomicU64>>,
+    timeout: Duration,
+) -> Result<ProcessGroup, Error> {
+    let (rank, local, node) = (ex.rank, ex.local, ex.node);
+    let (table, scopes) = (ex.table.clone(), ex.scopes.clone());
+    let on_panic = aborter.clone();
+    let gone: Gone = Arc::default();
+    let gone_w = gone.clone();
+    let (tx, rx) = mpsc::channel::<Job>();
+    let worker = std::thread::Builder::new()
+        .name(format!("wiretrain-comm-{rank}"))
+        .spawn(move || {
+            while let Ok(job) = rx.recv() {
+                // A panic here may come between barriers, with other local ranks using this
+                // rank's buffer: the collective leaked it (it was held in a ManuallyDrop), and
+                // the node fails at once with the message.
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    job(&mut ex);
+                }));
+                if let Err(p) = r {
+                    let why = format!(
+                        "local rank {local} panicked in its communication thread: {}",
+                        crate::abort::panic_message(&*p)
+                    );
+                    *gone_w.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+                    on_panic.abort(&why);
+                    break;
+                }
+            }
+        })
+        .map_err(|source| Error::Io {
+            context: "spawning a communication thread",
+            source,
+        })?;
+    Ok(ProcessGroup {
+        rank,
+        local_rank: local,
+        node,
+        table,
+        scopes,
+        seqs: [0; 3],
+        tx: Some(tx),
+        worker: Some(worker),
+        sent,
+        flight: Arc::new(std::sync::Mutex::new(crate::flight::FlightRecorder::new(
+            rank,
+        ))),
+        wire: WireDtype::F32,
+        timeout,
+        gone,
+        aborter,
+    })
 }
 
 pub(super) fn write_atomically(path: &std::path::Path, text: &str) -> std::io::Result<()> {

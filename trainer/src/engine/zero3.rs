@@ -21,7 +21,7 @@ use crate::strategy::Reach;
 use crate::units::{Act, Units};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Tensor, TensorData};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Instant;
@@ -166,9 +166,6 @@ impl<M: Units> Trainer<M> {
         let clock = StepClock::since(Instant::now());
         self.sent_at_start = self.pg.bytes_sent();
         let units = self.held.buckets.clone();
-        let n = units.len();
-        let ahead = self.cfg.prefetch;
-        let mut model = self.model.take().expect("model present between steps");
         let reach = Reach::of(self.cfg.strategy.scope());
         // Offsets of each unit's share inside this rank's concatenated share vector.
         let mut at = 0;
@@ -180,30 +177,61 @@ impl<M: Units> Trainer<M> {
                 s
             })
             .collect();
+        let pass = Pass {
+            units,
+            shard_of,
+            reach,
+            ahead: self.cfg.prefetch,
+            clock: &clock,
+        };
+        let model = self.model.take().expect("model present between steps");
+        let (model, fw) = self.forward_units(model, input, loss_fn, &pass)?;
+        let loss = fw.loss;
+        let (model, gshard) = self.backward_units(model, fw, &pass)?;
+        // Compute is what the step did besides waiting for its collectives.
+        let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
+        clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
+        let (mut cx, sync, held) = self.sync_cx(&clock);
+        sync.update(&mut cx, held, &gshard, 1.0)?;
+        self.finish_step(model, loss, &clock)
+    }
+
+    /// Starts gathering unit `u`'s full parameters from every rank's share.
+    fn gather_unit(&mut self, p: &Pass<'_>, u: usize) -> Work<Vec<f32>> {
+        let share = &self.held.params[p.shard_of[u].clone()];
+        p.reach
+            .gather(&mut self.pg, self.cfg.wire, share, p.units[u].len())
+    }
+
+    /// The forward pass, graph-free except the last unit: each unit gathered (up to
+    /// `ahead` units in advance), run, and freed.
+    fn forward_units(
+        &mut self,
+        mut model: M,
+        input: Act,
+        loss_fn: impl FnOnce(Act) -> Tensor<1>,
+        p: &Pass<'_>,
+    ) -> Result<(M, Forwarded), TrainError> {
+        let n = p.units.len();
         let mut gathers: VecDeque<(usize, Work<Vec<f32>>)> = VecDeque::new();
         let mut next = 0usize;
-        // Forward, graph-free except the last unit.
         let mut loss_fn = Some(loss_fn);
         let mut saved: Vec<Act> = Vec::with_capacity(n);
         let mut x = Some(input);
-        let mut last_leaf = None;
-        let mut loss_val = None;
-        let mut grads_last = None;
-        #[allow(clippy::needless_range_loop)] // u also orders the gathers
+        let mut last = None;
         for u in 0..n {
             let sp = crate::trace::span("issue gathers", "comm");
-            while next < n && next <= u + ahead {
-                let share = &self.held.params[shard_of[next].clone()];
-                let w = reach.gather(&mut self.pg, self.cfg.wire, share, units[next].len());
+            while next < n && next <= u + p.ahead {
+                let w = self.gather_unit(p, next);
                 gathers.push_back((next, w));
                 next += 1;
             }
             drop(sp);
             let (gu, w) = gathers.pop_front().expect("unit gather issued");
             debug_assert_eq!(gu, u);
-            let full = timed(&clock, Phase::Gather, w)?;
+            let full = timed(p.clock, Phase::Gather, w)?;
             let fwd = crate::trace::span(format!("forward unit {u}"), "compute");
-            model = set_unit(model, &self.layout, &units[u], Some(&full));
+            model = set_unit(model, &self.layout, &p.units[u], Some(&full));
             drop(full);
             let xin = x.take().expect("an input for every unit");
             if u + 1 < n {
@@ -211,18 +239,46 @@ impl<M: Units> Trainer<M> {
                 x = Some(model.forward_unit(u, xin).detached());
                 drop(fwd);
                 let _f = crate::trace::span(format!("free unit {u}"), "compute");
-                model = set_unit(model, &self.layout, &units[u], None);
+                model = set_unit(model, &self.layout, &p.units[u], None);
             } else {
                 let leaf = xin.fresh_leaf();
                 saved.push(xin);
                 let loss_fn = loss_fn.take().expect("one loss");
                 let loss = loss_fn(model.forward_unit(u, leaf.clone()));
-                loss_val = Some(loss.clone().into_scalar::<f32>());
-                grads_last = Some(loss.backward());
-                last_leaf = Some(leaf);
+                let value = loss.clone().into_scalar::<f32>();
+                last = Some((leaf, value, loss.backward()));
             }
         }
-        // Backward, last unit first; backward gathers are issued in reverse order.
+        let (last_leaf, loss, grads) = last.expect("a model has at least one unit");
+        Ok((
+            model,
+            Forwarded {
+                saved,
+                last_leaf,
+                loss,
+                grads,
+            },
+        ))
+    }
+
+    /// The backward pass, last unit first: each unit gathered again (up to `ahead` in
+    /// advance, in reverse order), its forward recomputed on the saved input and backed
+    /// through, its gradient flattened and reduce-scattered (one unit's reduction in flight
+    /// while the next computes). Returns this rank's share of the gradient.
+    fn backward_units(
+        &mut self,
+        mut model: M,
+        fw: Forwarded,
+        p: &Pass<'_>,
+    ) -> Result<(M, Vec<f32>), TrainError> {
+        let n = p.units.len();
+        let Forwarded {
+            mut saved,
+            last_leaf,
+            grads,
+            ..
+        } = fw;
+        let mut grads_last = Some(grads);
         let owned_len: usize = self.held.owned.iter().map(|r| r.len()).sum();
         let mut gshard = vec![0.0f32; owned_len];
         let mut pending: Option<(usize, Work<Vec<f32>>)> = None;
@@ -232,10 +288,9 @@ impl<M: Units> Trainer<M> {
         for u in (0..n).rev() {
             // Gathers for units u-1 .. u-ahead are in flight while unit u computes.
             let sp = crate::trace::span("issue gathers", "comm");
-            while next_back > 0 && next_back + ahead > u {
+            while next_back > 0 && next_back + p.ahead > u {
                 next_back -= 1;
-                let share = &self.held.params[shard_of[next_back].clone()];
-                let w = reach.gather(&mut self.pg, self.cfg.wire, share, units[next_back].len());
+                let w = self.gather_unit(p, next_back);
                 back.push_back((next_back, w));
             }
             drop(sp);
@@ -243,14 +298,14 @@ impl<M: Units> Trainer<M> {
                 (u + 1 == n).then(|| crate::trace::span(format!("backward unit {u}"), "compute"));
             let grads = if u + 1 == n {
                 let grads = grads_last.take().expect("the loss ran");
-                g = last_leaf.as_ref().and_then(|l| l.grad(&grads));
+                g = last_leaf.grad(&grads);
                 grads
             } else {
                 let (gu, w) = back.pop_front().expect("unit gather issued");
                 debug_assert_eq!(gu, u);
-                let full = timed(&clock, Phase::Gather, w)?;
+                let full = timed(p.clock, Phase::Gather, w)?;
                 let _s = crate::trace::span(format!("backward unit {u}"), "compute");
-                model = set_unit(model, &self.layout, &units[u], Some(&full));
+                model = set_unit(model, &self.layout, &p.units[u], Some(&full));
                 drop(full);
                 let leaf = saved[u].fresh_leaf();
                 let y = model.forward_unit(u, leaf.clone());
@@ -266,32 +321,48 @@ impl<M: Units> Trainer<M> {
             let mut gp = GradientsParams::from_grads(grads, &model);
             let mut flat = Vec::new();
             self.layout
-                .flatten_grads(&mut gp, units[u].clone(), &mut flat);
+                .flatten_grads(&mut gp, p.units[u].clone(), &mut flat);
             crate::strategy::weigh(&mut flat, self.sample_weight);
             drop(gp);
             drop(sf);
             let fr = crate::trace::span(format!("free unit {u}"), "compute");
-            model = set_unit(model, &self.layout, &units[u], None);
+            model = set_unit(model, &self.layout, &p.units[u], None);
             drop(fr);
             // One unit's reduce-scatter in flight while the next unit computes.
             if let Some((pu, w)) = pending.take() {
-                let buf = timed(&clock, Phase::Comm, w)?;
-                reach.take_share(&self.pg, &buf, &mut gshard[shard_of[pu].clone()]);
+                let buf = timed(p.clock, Phase::Comm, w)?;
+                p.reach
+                    .take_share(&self.pg, &buf, &mut gshard[p.shard_of[pu].clone()]);
             }
             let _s = crate::trace::span("issue reduce", "comm");
-            pending = Some((u, reach.reduce(&mut self.pg, self.cfg.wire, flat)));
+            pending = Some((u, p.reach.reduce(&mut self.pg, self.cfg.wire, flat)));
         }
         if let Some((pu, w)) = pending.take() {
-            let buf = timed(&clock, Phase::Comm, w)?;
-            reach.take_share(&self.pg, &buf, &mut gshard[shard_of[pu].clone()]);
+            let buf = timed(p.clock, Phase::Comm, w)?;
+            p.reach
+                .take_share(&self.pg, &buf, &mut gshard[p.shard_of[pu].clone()]);
         }
-        // Compute is what the step did besides waiting for its collectives.
-        let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
-        clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
-        let (mut cx, sync, held) = self.sync_cx(&clock);
-        sync.update(&mut cx, held, &gshard, 1.0)?;
-        self.finish_step(model, loss_val.unwrap_or(f32::NAN), &clock)
+        Ok((model, gshard))
     }
+}
+
+/// What a ZeRO-3 step's two passes share: the units, where each unit's share sits in this
+/// rank's share vector, where shards live, how far gathers run ahead, and the step's clock.
+struct Pass<'a> {
+    units: Vec<Range<usize>>,
+    shard_of: Vec<Range<usize>>,
+    reach: Reach,
+    ahead: usize,
+    clock: &'a StepClock,
+}
+
+/// The forward pass's result: every unit's input (detached), the last unit's input leaf, the
+/// loss, and the last unit's gradients.
+struct Forwarded {
+    saved: Vec<Act>,
+    last_leaf: Act,
+    loss: f32,
+    grads: Gradients,
 }
 
 #[cfg(test)]

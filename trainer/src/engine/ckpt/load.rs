@@ -1,0 +1,259 @@
+//! Loading a checkpoint into a running [`Trainer`]: the elements this rank owns under the
+//! current world and strategy, the newest readable checkpoint of a directory (falling back to
+//! older ones), DiLoCo's node and outer state, and the agreement that every rank loaded.
+
+use super::*;
+
+impl<M: Module> Trainer<M> {
+    /// Loads `ck` into this trainer, whatever world size and strategy wrote it: parameters
+    /// and optimizer state of the elements this rank owns now. A collective: every rank
+    /// learns whether all ranks loaded, so a failure on one rank stops all of them (each
+    /// rank reads without communicating, and only after all agree do they gather).
+    pub fn load_checkpoint(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
+        let res = self.load_local(ck);
+        self.agree(res, &ck.dir)?;
+        self.finish_load()
+    }
+
+    /// Loads the newest checkpoint under `root` that every rank can read and verify (the
+    /// steps as rank 0 lists them, newest first): a corrupt or unreadable newest checkpoint
+    /// falls back to the older one kept beside it, with a warning naming the file. A
+    /// checkpoint that does not fit this run (another model, optimizer) is an error, never
+    /// skipped. `None` when there is no checkpoint. A collective.
+    pub fn resume_latest(&mut self, root: &Path) -> Result<Option<Manifest>, TrainError> {
+        // Rank 0 lists the checkpoints; every rank gets its answer: the newest steps, or
+        // that it could not read the directory.
+        let mut mine = None;
+        let mut listed: Result<Vec<u64>, ()> = Ok(Vec::new());
+        if self.pg.rank() == 0 {
+            match crate::checkpoint::list_valid(root) {
+                Ok(valid) => {
+                    listed = Ok(valid
+                        .iter()
+                        .rev()
+                        .take(MAX_FALLBACK)
+                        .map(|(s, _)| *s as u64)
+                        .collect());
+                }
+                Err(e) => {
+                    listed = Err(());
+                    mine = Some(e);
+                }
+            }
+        }
+        let bytes = serde_json::to_vec(&listed).expect("a list serializes");
+        let got = self.pg.broadcast_bytes(&bytes, 0)?;
+        if let Some(e) = mine {
+            return Err(e.into());
+        }
+        let steps: Vec<usize> = match serde_json::from_slice::<Result<Vec<u64>, ()>>(&got) {
+            Ok(Ok(steps)) => steps.into_iter().map(|s| s as usize).collect(),
+            _ => {
+                return Err(OtherRank::ListUnreadable {
+                    root: root.to_path_buf(),
+                }
+                .into());
+            }
+        };
+        let mut first_err = None;
+        let none_listed = steps.is_empty();
+        for step in steps {
+            let dir = root.join(step_dir_name(step));
+            let res = Checkpoint::open(&dir)
+                .map_err(TrainError::from)
+                .and_then(|ck| self.load_local(&ck).map(|()| ck));
+            let (unreadable, unfit) = match &res {
+                Ok(_) => (0.0, 0.0),
+                Err(TrainError::Checkpoint(
+                    CheckpointError::Io { .. }
+                    | CheckpointError::Checksum { .. }
+                    | CheckpointError::Corrupt { .. }
+                    | CheckpointError::NotFound(_),
+                )) => (1.0, 0.0),
+                Err(_) => (0.0, 1.0),
+            };
+            if let Err(e) = &res {
+                tracing::error!("rank {}: {e}", self.pg.rank());
+            }
+            let all = self
+                .pg
+                .all_reduce(vec![unreadable, unfit], ReduceOp::Sum)
+                .wait()?;
+            match res {
+                Ok(ck) if all[0] == 0.0 && all[1] == 0.0 => {
+                    self.finish_load()?;
+                    // Resuming continues that run: its checkpoints are ours to prune.
+                    self.run_id = ck.manifest.run_id.clone();
+                    return Ok(Some(ck.manifest));
+                }
+                Err(e) if all[1] > 0.0 => return Err(e),
+                _ if all[1] > 0.0 => {
+                    return Err(OtherRank::CheckpointUnfit {
+                        ranks: all[1] as usize,
+                        dir: dir.to_path_buf(),
+                    }
+                    .into());
+                }
+                res => {
+                    if self.pg.rank() == 0 {
+                        eprintln!(
+                            "wiretrain: warning: checkpoint {} cannot be used ({} rank(s) could \
+                             not read or verify it; errors above); trying the one before it",
+                            dir.display(),
+                            all[0]
+                        );
+                    }
+                    if let Err(e) = res {
+                        first_err.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None if none_listed => Ok(None),
+            None => Err(OtherRank::NoneLoadable {
+                root: root.to_path_buf(),
+            }
+            .into()),
+        }
+    }
+
+    /// Every rank learns whether all of them succeeded; a failing rank logs its own error
+    /// (so the file at fault is named whichever rank hit it) and returns it.
+    fn agree(&mut self, res: Result<(), TrainError>, dir: &Path) -> Result<(), TrainError> {
+        if let Err(e) = &res {
+            tracing::error!("rank {}: {e}", self.pg.rank());
+        }
+        let failed = self
+            .pg
+            .all_reduce(vec![f32::from(u8::from(res.is_err()))], ReduceOp::Sum)
+            .wait()?[0];
+        res?;
+        if failed > 0.0 {
+            return Err(OtherRank::LoadFailed {
+                ranks: failed as usize,
+                dir: dir.to_path_buf(),
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn load_local(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
+        ck.check_layout(&self.layout_entries())?;
+        let m = &ck.manifest;
+        if m.optim_kind != self.opt.kind() {
+            return Err(CheckpointError::Mismatch {
+                path: ck.dir.clone(),
+                reason: format!(
+                    "it holds {} optimizer state, this run uses {}",
+                    m.optim_kind,
+                    self.opt.kind()
+                ),
+            }
+            .into());
+        }
+        let data = ck.read_ranges(&self.held.owned)?;
+        self.opt
+            .import_state(ExportedState {
+                tensors: data.state,
+                scalars: m.optim_scalars.clone(),
+            })
+            .map_err(|reason| CheckpointError::Mismatch {
+                path: ck.dir.clone(),
+                reason: reason.to_string(),
+            })?;
+        if self.cfg.strategy.shards_params() {
+            self.held.params = data.params;
+        } else {
+            self.held.params = ck.read_params()?;
+            self.reset_master();
+        }
+        if self.sync.outer().is_some() {
+            // DiLoCo: this node's inner state and the outer state, or a new round at the
+            // loaded parameters when the checkpoint has no DiLoCo state.
+            self.load_diloco_state(ck)?;
+        }
+        Ok(())
+    }
+
+    /// After every rank loaded its part: what the model computes with is what a step's
+    /// gather gives (the masters through the wire dtype; the node's gather under hybrid), so
+    /// a resumed run continues bit for bit. A collective for the sharded strategies.
+    fn finish_load(&mut self) -> Result<(), TrainError> {
+        if self.cfg.strategy.shards_params() {
+            return Ok(());
+        }
+        let clock = StepClock::since(std::time::Instant::now());
+        let (mut cx, sync, held) = self.sync_cx(&clock);
+        sync.refresh(&mut cx, held)?;
+        let model = self.model.take().expect("model present between steps");
+        self.model = Some(self.layout.unflatten(model, &self.held.params));
+        Ok(())
+    }
+
+    fn load_diloco_state(&mut self, ck: &Checkpoint) -> Result<(), TrainError> {
+        let m = &ck.manifest;
+        let nodes = self.pg.table().num_nodes();
+        let Some(outer) = ck.read_outer()? else {
+            tracing::info!(
+                "{}: no DiLoCo state in the checkpoint; a new outer round starts at its parameters",
+                ck.dir.display()
+            );
+            let params = self.held.params.clone();
+            let o = self.sync.outer_mut().expect("diloco state");
+            o.momentum = vec![0.0; params.len()];
+            o.anchor = params;
+            o.inner_done = 0;
+            return Ok(());
+        };
+        if m.ranks_per_node.len() != nodes {
+            return Err(CheckpointError::Mismatch {
+                path: ck.dir.clone(),
+                reason: format!(
+                    "it holds the DiLoCo inner state of {} nodes and this run has {nodes}; \
+                     each node resumes its own inner state, so resume on {} nodes (any other \
+                     strategy can resume node 0's model from it)",
+                    m.ranks_per_node.len(),
+                    m.ranks_per_node.len()
+                ),
+            }
+            .into());
+        }
+        if outer.anchor.len() != self.held.params.len() {
+            return Err(CheckpointError::Mismatch {
+                path: ck.dir.clone(),
+                reason: "the outer state does not match the model".into(),
+            }
+            .into());
+        }
+        let node = self.pg.node();
+        if node > 0 {
+            // This node's whole inner state; this rank keeps the state of what it owns.
+            let all: Vec<_> = std::iter::once(0..self.layout.total()).collect();
+            let whole = ck.read_node(node, &all)?;
+            let tensors = whole
+                .state
+                .iter()
+                .map(|(name, v)| (name.clone(), self.held.owned_of(v)))
+                .collect();
+            self.opt
+                .import_state(ExportedState {
+                    tensors,
+                    scalars: m.optim_scalars.clone(),
+                })
+                .map_err(|reason| CheckpointError::Mismatch {
+                    path: ck.dir.clone(),
+                    reason: reason.to_string(),
+                })?;
+            self.held.params = whole.params;
+            self.reset_master();
+        }
+        let o = self.sync.outer_mut().expect("diloco state");
+        o.anchor = outer.anchor;
+        o.momentum = outer.momentum;
+        o.inner_done = outer.inner_done;
+        Ok(())
+    }
+}
