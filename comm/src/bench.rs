@@ -174,6 +174,122 @@ fn tolerance(op: BenchOp, spec: &BenchSpec, nodes: usize, world: usize) -> f32 {
     }
 }
 
+/// One op at one size on this rank: what the iterations write and check.
+struct Case<'a> {
+    op: BenchOp,
+    spec: &'a BenchSpec,
+    world: usize,
+    rank: usize,
+    /// This rank's shard of the buffer.
+    shard: std::ops::Range<usize>,
+    /// How far a checked element may be from the exact result.
+    tol: f32,
+    sums: SumTable,
+}
+
+impl Case<'_> {
+    /// Writes iteration `it`'s inputs (`root`: the broadcast's).
+    fn fill(&self, buf: &mut [f32], it: usize, root: usize) {
+        let rank = self.rank;
+        match self.op {
+            BenchOp::AllGather => {
+                buf.iter_mut().for_each(|x| *x = f32::NAN);
+                for i in self.shard.clone() {
+                    buf[i] = value(rank, it, i);
+                }
+            }
+            BenchOp::Broadcast if rank != root => buf.iter_mut().for_each(|x| *x = f32::NAN),
+            BenchOp::Broadcast => buf
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = value(root, it, i)),
+            _ => buf
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, x)| *x = value(rank, it, i)),
+        }
+    }
+
+    /// Runs the collective on `buf` (memcpy: copies it into `copy_dst` on rank 0).
+    fn call(
+        &self,
+        pg: &mut ProcessGroup,
+        buf: Vec<f32>,
+        root: usize,
+        copy_dst: &mut [f32],
+    ) -> Result<Vec<f32>, Error> {
+        let opts = CallOpts::wire(self.spec.wire).tag("bench");
+        let reduce = self.spec.reduce;
+        Ok(match self.op {
+            BenchOp::AllReduce => pg.call(opts).all_reduce(buf, reduce).wait()?,
+            BenchOp::ReduceScatter => pg.call(opts).reduce_scatter_in_place(buf, reduce).wait()?,
+            BenchOp::AllGather => pg.call(opts).all_gather_in_place(buf).wait()?,
+            BenchOp::Broadcast => pg.broadcast(buf, root).wait()?,
+            BenchOp::P2p => pg.p2p_exchange(buf).wait()?,
+            BenchOp::Memcpy => {
+                if self.rank == 0 {
+                    copy_dst.copy_from_slice(&buf);
+                }
+                buf
+            }
+        })
+    }
+
+    /// Wrong elements of iteration `it`'s result on this rank; results every rank holds
+    /// must also be bit-identical on every rank (a rank whose digest differs from rank 0's
+    /// counts its whole buffer).
+    fn wrong(
+        &self,
+        pg: &mut ProcessGroup,
+        out: &[f32],
+        copy_dst: &[f32],
+        it: usize,
+        root: usize,
+    ) -> Result<u64, Error> {
+        let (rank, world, tol) = (self.rank, self.world, self.tol);
+        let (sums, reduce, shard) = (&self.sums, self.spec.reduce, &self.shard);
+        let mut wrong = match self.op {
+            BenchOp::AllReduce => count_wrong(out, tol, |i| finish(sums.at(it, i), reduce, world)),
+            BenchOp::ReduceScatter => count_wrong(&out[shard.clone()], tol, |i| {
+                finish(sums.at(it, shard.start + i), reduce, world)
+            }),
+            BenchOp::AllGather => (0..world)
+                .map(|g| {
+                    let r = shard_range(out.len(), world, g);
+                    count_wrong(&out[r.clone()], tol, |i| value(g, it, r.start + i))
+                })
+                .sum(),
+            BenchOp::Broadcast => count_wrong(out, 0.0, |i| value(root, it, i)),
+            BenchOp::P2p => {
+                // Lane owners (local rank l < lanes) hold in the second half the first half
+                // of local rank l of the previous node; everyone else's buffer is untouched.
+                // The first half is never written.
+                let (t, local, half) = (pg.table(), pg.local_rank(), out.len() / 2);
+                let nn = t.num_nodes();
+                let (from, off) = if nn >= 2 && local < t.lanes() {
+                    (t.global_rank((pg.node() + nn - 1) % nn, local), 0)
+                } else {
+                    (rank, half)
+                };
+                count_wrong(&out[..half], 0.0, |i| value(rank, it, i))
+                    + count_wrong(&out[half..], tol, |i| value(from, it, off + i))
+            }
+            BenchOp::Memcpy => count_wrong(copy_dst, 0.0, |i| value(rank, it, i)),
+        };
+        if matches!(
+            self.op,
+            BenchOp::AllReduce | BenchOp::AllGather | BenchOp::Broadcast
+        ) {
+            let d = digest(out);
+            let all = pg.all_gather(d.to_vec(), 2 * world).wait()?;
+            if all[2 * rank..2 * rank + 2] != all[0..2] {
+                wrong += out.len() as u64;
+            }
+        }
+        Ok(wrong)
+    }
+}
+
 /// Runs one op at one size for `iters` (after `warmup`) on this rank; returns the row (the
 /// same on every rank).
 fn run_one(
@@ -188,15 +304,18 @@ fn run_one(
         ))
         .into());
     }
-    let world = pg.world();
-    let rank = pg.rank();
-    let len = bytes / 4;
-    let sums = SumTable::new(world);
+    let (world, rank, len) = (pg.world(), pg.rank(), bytes / 4);
+    let case = Case {
+        op,
+        spec,
+        world,
+        rank,
+        shard: shard_range(len, world, rank),
+        tol: tolerance(op, spec, pg.table().num_nodes(), world),
+        sums: SumTable::new(world),
+    };
     let mut times = Vec::with_capacity(spec.iters);
     let mut wrong = 0u64;
-    let shard = shard_range(len, world, rank);
-    let nodes = pg.table().num_nodes();
-    let tol = tolerance(op, spec, nodes, world);
     let mut wire_sent = 0u64;
     // One buffer for the whole run, like nccl-tests: allocation is not part of a collective.
     let mut buf: Vec<f32> = vec![0.0; if op == BenchOp::P2p { 2 * len } else { len }];
@@ -209,43 +328,11 @@ fn run_one(
         let timed = it >= spec.warmup;
         // Inputs are written before the barrier so only the collective is timed.
         let root = it % world;
-        match op {
-            BenchOp::AllGather => {
-                buf.iter_mut().for_each(|x| *x = f32::NAN);
-                for i in shard.clone() {
-                    buf[i] = value(rank, it, i);
-                }
-            }
-            BenchOp::Broadcast if rank != root => buf.iter_mut().for_each(|x| *x = f32::NAN),
-            BenchOp::Broadcast => buf
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, x)| *x = value(root, it, i)),
-            _ => buf
-                .iter_mut()
-                .enumerate()
-                .for_each(|(i, x)| *x = value(rank, it, i)),
-        }
+        case.fill(&mut buf, it, root);
         pg.barrier()?;
-        let opts = CallOpts::wire(spec.wire).tag("bench");
         let sent0 = pg.bytes_sent();
         let t0 = Instant::now();
-        buf = match op {
-            BenchOp::AllReduce => pg.call(opts).all_reduce(buf, spec.reduce).wait()?,
-            BenchOp::ReduceScatter => pg
-                .call(opts)
-                .reduce_scatter_in_place(buf, spec.reduce)
-                .wait()?,
-            BenchOp::AllGather => pg.call(opts).all_gather_in_place(buf).wait()?,
-            BenchOp::Broadcast => pg.broadcast(buf, root).wait()?,
-            BenchOp::P2p => pg.p2p_exchange(buf).wait()?,
-            BenchOp::Memcpy => {
-                if rank == 0 {
-                    copy_dst.copy_from_slice(&buf);
-                }
-                buf
-            }
-        };
+        buf = case.call(pg, buf, root, &mut copy_dst)?;
         let dt = t0.elapsed().as_secs_f64();
         wire_sent += pg.bytes_sent() - sent0;
         // Bookkeeping travels exactly (the group's default wire dtype, f32).
@@ -265,51 +352,7 @@ fn run_one(
             times.push(slowest);
         }
         if spec.check && timed {
-            let out = &buf;
-            wrong += match op {
-                BenchOp::AllReduce => {
-                    count_wrong(out, tol, |i| finish(sums.at(it, i), spec.reduce, world))
-                }
-                BenchOp::ReduceScatter => count_wrong(&out[shard.clone()], tol, |i| {
-                    finish(sums.at(it, shard.start + i), spec.reduce, world)
-                }),
-                BenchOp::AllGather => {
-                    let mut wrong = 0u64;
-                    for g in 0..world {
-                        let r = shard_range(len, world, g);
-                        wrong += count_wrong(&out[r.clone()], tol, |i| value(g, it, r.start + i));
-                    }
-                    wrong
-                }
-                BenchOp::Broadcast => count_wrong(out, 0.0, |i| value(root, it, i)),
-                BenchOp::P2p => {
-                    // Lane owners (local rank l < lanes) hold in the second half the first
-                    // half of local rank l of the previous node; everyone else's buffer is
-                    // untouched. The first half is never written.
-                    let (t, local, half) = (pg.table(), pg.local_rank(), out.len() / 2);
-                    let nn = t.num_nodes();
-                    let (from, off) = if nn >= 2 && local < t.lanes() {
-                        (t.global_rank((pg.node() + nn - 1) % nn, local), 0)
-                    } else {
-                        (rank, half)
-                    };
-                    count_wrong(&out[..half], 0.0, |i| value(rank, it, i))
-                        + count_wrong(&out[half..], tol, |i| value(from, it, off + i))
-                }
-                BenchOp::Memcpy => count_wrong(&copy_dst, 0.0, |i| value(rank, it, i)),
-            };
-            // Results every rank holds must be bit-identical on every rank, whatever the
-            // wire dtype: a rank whose digest differs from rank 0's counts its whole buffer.
-            if matches!(
-                op,
-                BenchOp::AllReduce | BenchOp::AllGather | BenchOp::Broadcast
-            ) {
-                let d = digest(out);
-                let all = pg.all_gather(d.to_vec(), 2 * world).wait()?;
-                if all[2 * rank..2 * rank + 2] != all[0..2] {
-                    wrong += out.len() as u64;
-                }
-            }
+            wrong += case.wrong(pg, &buf, &copy_dst, it, root)?;
         }
     }
     // Everyone agrees on the wrong count (sum over ranks) and the busiest rank's bytes.

@@ -345,15 +345,12 @@ mod tests {
                     let (n, j) = t.locate(r);
                     Scope::of(Group::Node, &t, n, j).unwrap().shard(len)
                 };
+                let whole = |_: usize| 0..len;
+                let on_node = |kind, b: &mut [Vec<f64>]| {
+                    run_group(kind, Group::Node, &t, b, &whole, false);
+                };
                 let mut b = input.clone();
-                run_group(
-                    OpKind::ReduceScatter,
-                    Group::Node,
-                    &t,
-                    &mut b,
-                    &|_| 0..len,
-                    false,
-                );
+                on_node(OpKind::ReduceScatter, &mut b);
                 for r in 0..t.world() {
                     let (n, _) = t.locate(r);
                     for i in shard(r) {
@@ -374,14 +371,7 @@ mod tests {
                     covered.iter().all(|&c| c == t.num_nodes()),
                     "{ranks:?} {len}"
                 );
-                run_group(
-                    OpKind::AllGather,
-                    Group::Node,
-                    &t,
-                    &mut b,
-                    &|_| 0..len,
-                    false,
-                );
+                on_node(OpKind::AllGather, &mut b);
                 for r in 0..t.world() {
                     assert!(
                         (0..len).all(|i| b[r][i] == sum(i)),

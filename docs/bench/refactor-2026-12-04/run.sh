@@ -2,9 +2,11 @@
 # Old (5631634, before issue 22) vs new binary, alternating in one run: 1x4 and 2x1 bench,
 # world-1 overhead (char-lm cpu, mlp cpu). Raw output to /tmp/bench/out-*.txt.
 set -u
-cd /tmp/bench
+# OUT (default /tmp/bench) holds the output; ROUNDS (default 3) alternations; binaries in
+# /tmp/bench/{old,new}.
+mkdir -p "${OUT:-/tmp/bench}" && cd "${OUT:-/tmp/bench}"
 export WIRETRAIN_LOG=warn
-for round in 1 2 3; do
+for round in $(seq 1 "${ROUNDS:-3}"); do
   for v in old new; do
     B=/tmp/bench/$v
     echo "== round $round $v 1x4" >> out-1x4.txt

@@ -261,71 +261,15 @@ pub fn busbw_series(traces: &[RankTrace]) -> Vec<(String, Vec<(f64, f64)>)> {
 /// Analyses the traces of one run.
 pub fn analyse(traces: &[RankTrace]) -> Report {
     let world = traces.len();
-    let mut splits = Vec::with_capacity(world);
-    // Keyed by the call's name and number, "replica.all_reduce#3": each group numbers its own.
-    let mut submitted: BTreeMap<String, Vec<(usize, f64)>> = BTreeMap::new();
-    let mut ranks_of: BTreeMap<String, f64> = BTreeMap::new();
-    let mut by_op: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    // op -> (inter ms, inter bytes) per call that crossed nodes, and total inter ms.
-    let mut inter: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
+    let mut calls = Calls::default();
     let mut waits = Vec::new();
-    for t in traces {
-        let spans: Vec<&Event> = t.events.iter().filter(|e| e.ph == "X").collect();
-        let steps: Vec<&&Event> = spans.iter().filter(|e| e.cat == "step").collect();
-        let mut sum = BTreeMap::<&str, f64>::new();
-        for e in spans.iter().filter(|e| e.tid == t.rank && e.cat != "step") {
-            *sum.entry(e.cat.as_str()).or_default() += e.dur.unwrap_or(0.0);
-            if e.cat == "comm" {
-                waits.push((t.rank, e.name.clone(), e.dur.unwrap_or(0.0) / 1e3));
-            }
-        }
-        let n = steps.len().max(1) as f64;
-        let step_total: f64 = steps.iter().map(|e| e.dur.unwrap_or(0.0)).sum();
-        let get = |k: &str| sum.get(k).copied().unwrap_or(0.0) / n / 1e3;
-        let (compute, comm, optim, data) = (get("compute"), get("comm"), get("optim"), get("data"));
-        let step_ms = step_total / n / 1e3;
-        splits.push(Split {
-            rank: t.rank,
-            node: t.node,
-            steps: steps.len(),
-            step_ms,
-            compute_ms: compute,
-            comm_ms: comm,
-            optim_ms: optim,
-            data_ms: data,
-            other_ms: (step_ms - compute - comm - optim - data).max(0.0),
-        });
-        for e in spans.iter().filter(|e| e.cat == "collective") {
-            let seq = e.args.get("seq").and_then(|v| v.as_u64()).unwrap_or(0);
-            let (op, ranks) = call_of(e, world as f64);
-            submitted
-                .entry(format!("{op}#{seq}"))
-                .or_default()
-                .push((t.rank, e.ts));
-            ranks_of.insert(op.clone(), ranks);
-            let bytes = e.args.get("bytes").and_then(|v| v.as_f64()).unwrap_or(0.0);
-            let start = e
-                .args
-                .get("started_us")
-                .and_then(|v| v.as_f64())
-                .unwrap_or(e.ts);
-            let dur = (e.ts + e.dur.unwrap_or(0.0) - start).max(1e-3);
-            if !op.ends_with("barrier") && bytes > 0.0 {
-                by_op.entry(op.clone()).or_default().push((bytes, dur));
-                let ims = e
-                    .args
-                    .get("inter_ms")
-                    .and_then(|v| v.as_f64())
-                    .unwrap_or(0.0);
-                let ib = e
-                    .args
-                    .get("inter_bytes")
-                    .and_then(|v| v.as_f64())
-                    .unwrap_or(0.0);
-                inter.entry(op).or_default().push((ims, ib));
-            }
-        }
-    }
+    let splits: Vec<Split> = traces
+        .iter()
+        .map(|t| {
+            calls.add(t, world as f64);
+            split_of(t, &mut waits)
+        })
+        .collect();
     let busy: Vec<f64> = splits.iter().map(Split::busy_ms).collect();
     let (slowest_rank, slowest_busy) = busy
         .iter()
@@ -335,85 +279,167 @@ pub fn analyse(traces: &[RankTrace]) -> Report {
         .unwrap_or((0, 0.0));
     let med = median(busy.clone());
     let per_node = traces.iter().filter(|t| t.node == 0).count().max(1) as f64;
-    let bandwidth = by_op
-        .into_iter()
-        .map(|(op, v)| {
-            let bytes = median(v.iter().map(|x| x.0).collect());
-            let ms = median(v.iter().map(|x| x.1 / 1e3).collect());
-            let algbw = bytes / (ms / 1e3) / 1e9;
-            let calls = inter.get(&op).cloned().unwrap_or_default();
-            let crossing: Vec<f64> = calls
-                .iter()
-                .filter(|c| c.0 > 0.0 && c.1 > 0.0)
-                .map(|c| c.1 / (c.0 / 1e3) / 1e9)
-                .collect();
-            let total_ms: f64 = v.iter().map(|x| x.1 / 1e3).sum();
-            let inter_ms: f64 = calls.iter().map(|c| c.0).sum();
-            let intra_ms = median(
-                v.iter()
-                    .zip(&calls)
-                    .map(|(x, c)| (x.1 / 1e3 - c.0).max(1e-6))
-                    .collect(),
-            );
-            Bandwidth {
-                intra_busbw_gbs: bytes / (intra_ms / 1e3) / 1e9 * bus_factor(&op, per_node),
-                bench_busbw_gbs: None,
-                inter_gbs: (!crossing.is_empty()).then(|| median(crossing)),
-                inter_share: if total_ms > 0.0 {
-                    inter_ms / total_ms
-                } else {
-                    0.0
-                },
-                busbw_gbs: algbw
-                    * bus_factor(&op, ranks_of.get(&op).copied().unwrap_or(world as f64)),
-                op,
-                calls: v.len(),
-                bytes,
-                median_ms: ms,
-                algbw_gbs: algbw,
-            }
-        })
-        .collect();
-    waits.sort_by(|a, b| b.2.total_cmp(&a.2));
-    let waits = waits
-        .into_iter()
-        .take(5)
-        .map(|(rank, what, ms)| {
-            // "wait all_gather#18" -> the call "all_gather#18".
-            let call = what.split_whitespace().last().unwrap_or_default();
-            let (waited_for, late_by_ms) = submitted
-                .get(call)
-                .map(|subs| {
-                    let mine = subs.iter().find(|x| x.0 == rank).map_or(0.0, |x| x.1);
-                    let last = subs
-                        .iter()
-                        .max_by(|a, b| a.1.total_cmp(&b.1))
-                        .copied()
-                        .unwrap_or((rank, mine));
-                    (Some(last.0), (last.1 - mine) / 1e3)
-                })
-                .unwrap_or((None, 0.0));
-            Wait {
-                rank,
-                what,
-                ms,
-                waited_for,
-                late_by_ms,
-            }
-        })
-        .collect();
+    let waits = calls.top_waits(waits);
     Report {
         world,
         splits,
         slowest_rank,
         slowest_ratio: if med > 0.0 { slowest_busy / med } else { 1.0 },
         slowest_extra_ms: slowest_busy - med,
-        bandwidth,
+        bandwidth: calls.bandwidth(world as f64, per_node),
         waits,
         clock_accuracy_us: traces
             .iter()
             .map(|t| t.clock_accuracy_us)
             .fold(0.0, f64::max),
+    }
+}
+
+/// One rank's mean step split by span category; its comm spans join `waits` as (rank, name,
+/// ms).
+fn split_of(t: &RankTrace, waits: &mut Vec<(usize, String, f64)>) -> Split {
+    let spans: Vec<&Event> = t.events.iter().filter(|e| e.ph == "X").collect();
+    let steps: Vec<&&Event> = spans.iter().filter(|e| e.cat == "step").collect();
+    let mut sum = BTreeMap::<&str, f64>::new();
+    for e in spans.iter().filter(|e| e.tid == t.rank && e.cat != "step") {
+        *sum.entry(e.cat.as_str()).or_default() += e.dur.unwrap_or(0.0);
+        if e.cat == "comm" {
+            waits.push((t.rank, e.name.clone(), e.dur.unwrap_or(0.0) / 1e3));
+        }
+    }
+    let n = steps.len().max(1) as f64;
+    let step_total: f64 = steps.iter().map(|e| e.dur.unwrap_or(0.0)).sum();
+    let get = |k: &str| sum.get(k).copied().unwrap_or(0.0) / n / 1e3;
+    let (compute, comm, optim, data) = (get("compute"), get("comm"), get("optim"), get("data"));
+    let step_ms = step_total / n / 1e3;
+    Split {
+        rank: t.rank,
+        node: t.node,
+        steps: steps.len(),
+        step_ms,
+        compute_ms: compute,
+        comm_ms: comm,
+        optim_ms: optim,
+        data_ms: data,
+        other_ms: (step_ms - compute - comm - optim - data).max(0.0),
+    }
+}
+
+/// The collectives of every rank's communication track.
+#[derive(Default)]
+struct Calls {
+    /// "replica.all_reduce#3" -> (rank, submission ts) of every rank: each group numbers its
+    /// own calls.
+    submitted: BTreeMap<String, Vec<(usize, f64)>>,
+    /// The size of each call name's group.
+    ranks_of: BTreeMap<String, f64>,
+    /// Call name -> (bytes, duration us) of each call.
+    by_op: BTreeMap<String, Vec<(f64, f64)>>,
+    /// Call name -> (inter ms, inter bytes) of each call.
+    inter: BTreeMap<String, Vec<(f64, f64)>>,
+}
+
+impl Calls {
+    fn add(&mut self, t: &RankTrace, world: f64) {
+        let spans = t.events.iter().filter(|e| e.ph == "X");
+        for e in spans.filter(|e| e.cat == "collective") {
+            let seq = e.args.get("seq").and_then(|v| v.as_u64()).unwrap_or(0);
+            let (op, ranks) = call_of(e, world);
+            self.submitted
+                .entry(format!("{op}#{seq}"))
+                .or_default()
+                .push((t.rank, e.ts));
+            self.ranks_of.insert(op.clone(), ranks);
+            let num = |k: &str| e.args.get(k).and_then(|v| v.as_f64());
+            let bytes = num("bytes").unwrap_or(0.0);
+            let start = num("started_us").unwrap_or(e.ts);
+            let dur = (e.ts + e.dur.unwrap_or(0.0) - start).max(1e-3);
+            if !op.ends_with("barrier") && bytes > 0.0 {
+                self.by_op.entry(op.clone()).or_default().push((bytes, dur));
+                let inter = (
+                    num("inter_ms").unwrap_or(0.0),
+                    num("inter_bytes").unwrap_or(0.0),
+                );
+                self.inter.entry(op).or_default().push(inter);
+            }
+        }
+    }
+
+    /// Achieved bandwidth of each call name (medians over its calls).
+    fn bandwidth(&self, world: f64, per_node: f64) -> Vec<Bandwidth> {
+        self.by_op
+            .iter()
+            .map(|(op, v)| {
+                let bytes = median(v.iter().map(|x| x.0).collect());
+                let ms = median(v.iter().map(|x| x.1 / 1e3).collect());
+                let algbw = bytes / (ms / 1e3) / 1e9;
+                let calls = self.inter.get(op).cloned().unwrap_or_default();
+                let crossing: Vec<f64> = calls
+                    .iter()
+                    .filter(|c| c.0 > 0.0 && c.1 > 0.0)
+                    .map(|c| c.1 / (c.0 / 1e3) / 1e9)
+                    .collect();
+                let total_ms: f64 = v.iter().map(|x| x.1 / 1e3).sum();
+                let inter_ms: f64 = calls.iter().map(|c| c.0).sum();
+                let intra_ms = median(
+                    v.iter()
+                        .zip(&calls)
+                        .map(|(x, c)| (x.1 / 1e3 - c.0).max(1e-6))
+                        .collect(),
+                );
+                let ranks = self.ranks_of.get(op).copied().unwrap_or(world);
+                Bandwidth {
+                    intra_busbw_gbs: bytes / (intra_ms / 1e3) / 1e9 * bus_factor(op, per_node),
+                    bench_busbw_gbs: None,
+                    inter_gbs: (!crossing.is_empty()).then(|| median(crossing)),
+                    inter_share: if total_ms > 0.0 {
+                        inter_ms / total_ms
+                    } else {
+                        0.0
+                    },
+                    busbw_gbs: algbw * bus_factor(op, ranks),
+                    op: op.clone(),
+                    calls: v.len(),
+                    bytes,
+                    median_ms: ms,
+                    algbw_gbs: algbw,
+                }
+            })
+            .collect()
+    }
+
+    /// The five longest waits, each with the rank that submitted the awaited call last and
+    /// how much later than the waiting rank.
+    fn top_waits(&self, mut waits: Vec<(usize, String, f64)>) -> Vec<Wait> {
+        waits.sort_by(|a, b| b.2.total_cmp(&a.2));
+        waits
+            .into_iter()
+            .take(5)
+            .map(|(rank, what, ms)| {
+                // "wait all_gather#18" -> the call "all_gather#18".
+                let call = what.split_whitespace().last().unwrap_or_default();
+                let (waited_for, late_by_ms) = self
+                    .submitted
+                    .get(call)
+                    .map(|subs| {
+                        let mine = subs.iter().find(|x| x.0 == rank).map_or(0.0, |x| x.1);
+                        let last = subs
+                            .iter()
+                            .max_by(|a, b| a.1.total_cmp(&b.1))
+                            .copied()
+                            .unwrap_or((rank, mine));
+                        (Some(last.0), (last.1 - mine) / 1e3)
+                    })
+                    .unwrap_or((None, 0.0));
+                Wait {
+                    rank,
+                    what,
+                    ms,
+                    waited_for,
+                    late_by_ms,
+                }
+            })
+            .collect()
     }
 }
 

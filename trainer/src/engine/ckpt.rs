@@ -180,14 +180,53 @@ impl<M: Module> Trainer<M> {
         keep: usize,
     ) -> Result<PathBuf, TrainError> {
         let dir = root.join(step_dir_name(step));
-        let (rank, world) = (self.pg.rank(), self.pg.world());
-        let mut mine: Option<Result<FileEntry, CheckpointError>> = None;
+        let rank = self.pg.rank();
+        let (mine, state, outer_file) = self.write_own(&dir)?;
+        // An injected stall between the shards and the manifest (the window in which a crash
+        // must not harm older checkpoints).
+        if let Some(stall) = self.cfg.faults.checkpoint_stall(step, rank) {
+            std::thread::sleep(stall);
+        }
+        let reports = self.gather_reports(mine, step)?;
+        let mut status = 0.0f32;
+        if rank == 0 {
+            let manifest = self.manifest(step, run, reports, state, outer_file);
+            let res = self.commit(&dir, root, &manifest, keep);
+            status = f32::from(u8::from(res.is_err()));
+            let agreed = self.pg.broadcast(vec![status], 0).wait()?;
+            res?;
+            debug_assert_eq!(agreed[0], 0.0);
+        } else {
+            status = self.pg.broadcast(vec![status], 0).wait()?[0];
+        }
+        if status != 0.0 {
+            return Err(OtherRank::ManifestNotWritten { step }.into());
+        }
+        Ok(dir)
+    }
+
+    /// Writes this rank's shard (when it writes one) and, on rank 0 under DiLoCo, the outer
+    /// state: (this rank's outcome, the optimizer state's names and scalars, the outer file).
+    #[allow(clippy::type_complexity)]
+    fn write_own(
+        &mut self,
+        dir: &Path,
+    ) -> Result<
+        (
+            Option<Result<FileEntry, CheckpointError>>,
+            ExportedState,
+            Option<FileEntry>,
+        ),
+        TrainError,
+    > {
+        let rank = self.pg.rank();
+        let mut mine = None;
         let mut state = ExportedState::default();
         let mut outer_file = None;
         if self.writes_checkpoint() {
             let (shard, st) = self.shard_data()?;
             state = st;
-            mine = Some(write_shard(&dir, rank, &shard));
+            mine = Some(write_shard(dir, rank, &shard));
         }
         if rank == 0
             && let Some(o) = self.sync.outer()
@@ -198,17 +237,21 @@ impl<M: Module> Trainer<M> {
                 params: o.anchor.clone(),
                 state: vec![(OUTER_MOMENTUM.into(), o.momentum.clone())],
             };
-            match write_named(&dir, OUTER_FILE, rank, &outer) {
+            match write_named(dir, OUTER_FILE, rank, &outer) {
                 Ok(f) => outer_file = Some(f),
                 Err(e) => mine = Some(Err(e)),
             }
         }
-        // An injected stall between the shards and the manifest (the window in which a crash
-        // must not harm older checkpoints).
-        if let Some(stall) = self.cfg.faults.checkpoint_stall(step, rank) {
-            std::thread::sleep(stall);
-        }
-        // Every rank's outcome, as a record, to every rank (rank 0 writes the manifest).
+        Ok((mine, state, outer_file))
+    }
+
+    /// Every rank's outcome, as a record, to every rank; an error when any rank's write
+    /// failed (this rank's own error when it is one of them).
+    fn gather_reports(
+        &mut self,
+        mine: Option<Result<FileEntry, CheckpointError>>,
+        step: usize,
+    ) -> Result<Vec<Wrote>, TrainError> {
         let report = match &mine {
             None => Wrote::Nothing,
             Some(Err(_)) => Wrote::Failed,
@@ -222,7 +265,7 @@ impl<M: Module> Trainer<M> {
             .map(|b| serde_json::from_slice::<Wrote>(b))
             .collect::<Result<Vec<_>, _>>()
             .map_err(OtherRank::UnreadableReport)?;
-        let failed: Vec<usize> = (0..world)
+        let failed: Vec<usize> = (0..reports.len())
             .filter(|&r| matches!(reports[r], Wrote::Failed))
             .collect();
         if let Some(Err(e)) = mine {
@@ -235,82 +278,86 @@ impl<M: Module> Trainer<M> {
             }
             .into());
         }
-        let mut status = 0.0f32;
-        if rank == 0 {
-            let mut files = Vec::new();
-            let mut node_files = Vec::new();
-            for (r, w) in reports.into_iter().enumerate() {
-                let Wrote::File(f) = w else { continue };
-                let node = self.pg.table().locate(r).0;
-                let to = if self.sync.outer().is_some() && node > 0 {
-                    if node_files.len() < node {
-                        node_files.resize_with(node, Vec::new);
-                    }
-                    &mut node_files[node - 1]
-                } else {
-                    &mut files
-                };
-                to.push(FileEntry { rank: r, ..f });
-            }
-            let table = self.pg.table();
-            let manifest = Manifest {
-                format: FORMAT.into(),
-                step,
-                strategy: self.cfg.strategy.to_string(),
-                world,
-                ranks_per_node: (0..table.num_nodes()).map(|n| table.ranks_on(n)).collect(),
-                total: self.layout.total(),
-                layout: self.layout_entries(),
-                optim_kind: self.opt.kind().into(),
-                state_tensors: state.tensors.iter().map(|(n, _)| n.clone()).collect(),
-                optim_scalars: state.scalars,
-                run,
-                files,
-                run_id: self.run_id.clone(),
-                diloco: self.sync.outer().map(|o| DilocoManifest {
-                    inner_done: o.inner_done,
-                    outer: outer_file.clone().expect("rank 0 wrote the outer state"),
-                    nodes: {
-                        node_files.resize_with(table.num_nodes() - 1, Vec::new);
-                        node_files
-                    },
-                }),
+        Ok(reports)
+    }
+
+    /// Rank 0: the manifest of step `step` from every rank's file (under DiLoCo, nodes past
+    /// the first list their inner state apart).
+    fn manifest(
+        &self,
+        step: usize,
+        run: serde_json::Value,
+        reports: Vec<Wrote>,
+        state: ExportedState,
+        outer_file: Option<FileEntry>,
+    ) -> Manifest {
+        let table = self.pg.table();
+        let mut files = Vec::new();
+        let mut node_files = Vec::new();
+        for (r, w) in reports.into_iter().enumerate() {
+            let Wrote::File(f) = w else { continue };
+            let node = table.locate(r).0;
+            let to = if self.sync.outer().is_some() && node > 0 {
+                if node_files.len() < node {
+                    node_files.resize_with(node, Vec::new);
+                }
+                &mut node_files[node - 1]
+            } else {
+                &mut files
             };
-            // The new checkpoint must read back before any older one goes.
-            // The step directory's own entry in the root is made durable too.
-            let res = write_manifest(&dir, &manifest)
-                .and_then(|()| crate::checkpoint::sync_dir(root))
-                .and_then(|()| Checkpoint::open(&dir));
-            match &res {
-                Err(e) => {
-                    tracing::error!("checkpoint of step {step}: {e}");
-                    status = 1.0;
-                }
-                // A failed prune costs disk space, not data: the run goes on.
-                Ok(_) => {
-                    let stall = self.cfg.faults.stall_prune;
-                    if let Err(e) = prune_stalling(root, keep, &self.run_id, stall) {
-                        tracing::warn!(
-                            "checkpoint of step {step} written; pruning older ones: {e}"
-                        );
-                        eprintln!(
-                            "wiretrain: warning: checkpoint of step {step} written, but older \
-                             checkpoints could not be removed: {e}"
-                        );
-                    }
-                }
-            }
-            let res = res.map(|_| ());
-            let agreed = self.pg.broadcast(vec![status], 0).wait()?;
-            res?;
-            debug_assert_eq!(agreed[0], 0.0);
-        } else {
-            status = self.pg.broadcast(vec![status], 0).wait()?[0];
+            to.push(FileEntry { rank: r, ..f });
         }
-        if status != 0.0 {
-            return Err(OtherRank::ManifestNotWritten { step }.into());
+        Manifest {
+            format: FORMAT.into(),
+            step,
+            strategy: self.cfg.strategy.to_string(),
+            world: table.world(),
+            ranks_per_node: (0..table.num_nodes()).map(|n| table.ranks_on(n)).collect(),
+            total: self.layout.total(),
+            layout: self.layout_entries(),
+            optim_kind: self.opt.kind().into(),
+            state_tensors: state.tensors.iter().map(|(n, _)| n.clone()).collect(),
+            optim_scalars: state.scalars,
+            run,
+            files,
+            run_id: self.run_id.clone(),
+            diloco: self.sync.outer().map(|o| DilocoManifest {
+                inner_done: o.inner_done,
+                outer: outer_file.expect("rank 0 wrote the outer state"),
+                nodes: {
+                    node_files.resize_with(table.num_nodes() - 1, Vec::new);
+                    node_files
+                },
+            }),
         }
-        Ok(dir)
+    }
+
+    /// Rank 0: writes the manifest last, checks the new checkpoint reads back, then prunes
+    /// older ones (a failed prune costs disk space, not data: the run goes on).
+    fn commit(
+        &self,
+        dir: &Path,
+        root: &Path,
+        manifest: &Manifest,
+        keep: usize,
+    ) -> Result<(), TrainError> {
+        let step = manifest.step;
+        // The new checkpoint must read back before any older one goes. The step directory's
+        // own entry in the root is made durable too.
+        let res = write_manifest(dir, manifest)
+            .and_then(|()| crate::checkpoint::sync_dir(root))
+            .and_then(|()| Checkpoint::open(dir));
+        if let Err(e) = &res {
+            tracing::error!("checkpoint of step {step}: {e}");
+        } else if let Err(e) = prune_stalling(root, keep, &self.run_id, self.cfg.faults.stall_prune)
+        {
+            tracing::warn!("checkpoint of step {step} written; pruning older ones: {e}");
+            eprintln!(
+                "wiretrain: warning: checkpoint of step {step} written, but older checkpoints \
+                 could not be removed: {e}"
+            );
+        }
+        res.map(|_| ()).map_err(Into::into)
     }
 
     /// Claims `root` for a fresh run's checkpoints, before step 0 (a collective; rank 0 looks).

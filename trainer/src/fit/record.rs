@@ -140,44 +140,8 @@ impl Record {
         let first_loss = self.points.first().map(|p| p.loss);
         let final_loss = self.points.last().map(|p| p.loss);
         if let Some(mut o) = self.out.take() {
-            let mut summary = serde_json::json!({
-                "summary": true,
-                "strategy": strategy_name(trainer.config()),
-                "diloco": trainer.config().diloco(),
-                "world": trainer.process_group().world(),
-                "steps": run.steps,
-                "steps_done": steps_done,
-                "resumed_from": start,
-                "stopped_early": stopped.is_some(),
-                "global_batch": run.global_batch,
-                "accumulate": run.accumulate,
-                "first_loss": first_loss,
-                "final_loss": final_loss,
-                "samples_per_s": samples_per_s,
-                "comm_share": self.comm_total / (elapsed.as_secs_f64() * 1e3),
-                "median": medians(&self.split),
-                "params_total": trainer.layout().total(),
-                "largest_bucket_elems": trainer.largest_bucket(),
-                "prefetch": trainer.config().prefetch(),
-                "wire_dtype": trainer.config().wire().name(),
-                "optimizer": trainer.optimizer_path(),
-                "kernels": trainer.kernel_counters(),
-                "memory_per_rank": per_rank,
-                "balance": match &run.balance {
-                    Balance::Equal => "equal",
-                    Balance::Speed => "speed",
-                    Balance::Fixed(_) => "fixed",
-                },
-                "shares": pace.shares,
-                "speeds": pace.balancer.speeds(),
-                "devices": crate::run::devices_of(trainer.process_group().table()),
-            });
-            // The caller's description of the run (example, seed, ...) completes the summary.
-            if let (Some(s), Some(m)) = (summary.as_object_mut(), run.meta.as_object()) {
-                for (k, v) in m {
-                    s.entry(k.clone()).or_insert_with(|| v.clone());
-                }
-            }
+            let summary =
+                self.summary(&mut trainer, run, (start, stopped), elapsed, pace, per_rank);
             writeln!(o, "{summary}")
                 .and_then(|()| o.flush())
                 .map_err(|e| io("writing --metrics".into(), e))?;
@@ -214,6 +178,61 @@ impl Record {
             first_loss,
             final_loss,
         })
+    }
+
+    /// The summary line: the run's figures, every rank's memory, and the caller's description.
+    fn summary<M: Module>(
+        &self,
+        trainer: &mut Trainer<M>,
+        run: &FitOptions,
+        (start, stopped): (usize, Option<usize>),
+        elapsed: Duration,
+        pace: &Pace,
+        per_rank: Vec<serde_json::Value>,
+    ) -> serde_json::Value {
+        let steps_done = self.steps_done();
+        let samples_per_s = (steps_done * run.global_batch) as f64 / elapsed.as_secs_f64();
+        let first_loss = self.points.first().map(|p| p.loss);
+        let final_loss = self.points.last().map(|p| p.loss);
+        let mut summary = serde_json::json!({
+            "summary": true,
+            "strategy": strategy_name(trainer.config()),
+            "diloco": trainer.config().diloco(),
+            "world": trainer.process_group().world(),
+            "steps": run.steps,
+            "steps_done": steps_done,
+            "resumed_from": start,
+            "stopped_early": stopped.is_some(),
+            "global_batch": run.global_batch,
+            "accumulate": run.accumulate,
+            "first_loss": first_loss,
+            "final_loss": final_loss,
+            "samples_per_s": samples_per_s,
+            "comm_share": self.comm_total / (elapsed.as_secs_f64() * 1e3),
+            "median": medians(&self.split),
+            "params_total": trainer.layout().total(),
+            "largest_bucket_elems": trainer.largest_bucket(),
+            "prefetch": trainer.config().prefetch(),
+            "wire_dtype": trainer.config().wire().name(),
+            "optimizer": trainer.optimizer_path(),
+            "kernels": trainer.kernel_counters(),
+            "memory_per_rank": per_rank,
+            "balance": match &run.balance {
+                Balance::Equal => "equal",
+                Balance::Speed => "speed",
+                Balance::Fixed(_) => "fixed",
+            },
+            "shares": pace.shares,
+            "speeds": pace.balancer.speeds(),
+            "devices": crate::run::devices_of(trainer.process_group().table()),
+        });
+        // The caller's description of the run (example, seed, ...) completes the summary.
+        if let (Some(s), Some(m)) = (summary.as_object_mut(), run.meta.as_object()) {
+            for (k, v) in m {
+                s.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+        summary
     }
 }
 

@@ -348,21 +348,14 @@ where
 {
     let mut events = tc.event_processor;
     let interrupter = tc.interrupter.clone();
-    let Some(pg) = s.pg.lock().unwrap_or_else(|p| p.into_inner()).take() else {
-        interrupter.fail(failure(
-            usize::MAX,
-            "a WiretrainStrategy trains once (build a new one per Learner launch)".into(),
-        ));
-        return (learner.model(), events);
+    let pg = match take_group(s, tc.grad_accumulation) {
+        Ok(pg) => pg,
+        Err((rank, msg)) => {
+            interrupter.fail(failure(rank, msg));
+            return (learner.model(), events);
+        }
     };
     let (rank, world) = (pg.rank(), pg.world());
-    if tc.grad_accumulation.is_some_and(|n| n > 1) {
-        let msg = "grads_accumulation is not available through the wiretrain strategy yet \
-                   (raise the batch size or the world size instead)";
-        pg.abort(msg);
-        interrupter.fail(failure(rank, msg.into()));
-        return (learner.model(), events);
-    }
     learner.fork(&s.device);
     let per = dataloader_train.num_items() / world;
     let train = dataloader_train
@@ -383,23 +376,13 @@ where
     };
     let stop = Arc::new(AtomicBool::new(false));
     trainer.set_stop_flag(stop.clone());
-    let mut epoch0 = starting_epoch;
-    if let Some((dir, _, false)) = &s.sharded
-        && let Err(e) = trainer.claim_checkpoint_dir(dir, false)
-    {
-        fail(format!("sharded checkpoints: {e}"));
-        return (learner.model(), events);
-    }
-    if let Some((dir, _, true)) = &s.sharded {
-        match trainer.resume_latest(dir) {
-            Ok(Some(m)) => epoch0 = epoch0.max(m.step + 1),
-            Ok(None) => {}
-            Err(e) => {
-                fail(format!("resuming from {}: {e}", dir.display()));
-                return (learner.model(), events);
-            }
+    let epoch0 = match open_sharded(&mut trainer, s, starting_epoch) {
+        Ok(e) => e,
+        Err(msg) => {
+            fail(msg);
+            return (learner.model(), events);
         }
-    }
+    };
     let mut checkpointer = if rank == 0 { tc.checkpointer } else { None };
     let mut early = if rank == 0 { tc.early_stopping } else { None };
     let total = tc.num_epochs;
@@ -470,6 +453,46 @@ where
             fail(e.to_string());
             (learner.model(), events)
         }
+    }
+}
+
+/// The strategy's process group (once: a strategy trains once), refused with the rank and a
+/// message when the learner asks for what the strategy cannot do yet.
+fn take_group(
+    s: &WiretrainStrategy,
+    grad_accumulation: Option<usize>,
+) -> Result<ProcessGroup, (usize, String)> {
+    let Some(pg) = s.pg.lock().unwrap_or_else(|p| p.into_inner()).take() else {
+        let msg = "a WiretrainStrategy trains once (build a new one per Learner launch)";
+        return Err((usize::MAX, msg.into()));
+    };
+    if grad_accumulation.is_some_and(|n| n > 1) {
+        let msg = "grads_accumulation is not available through the wiretrain strategy yet \
+                   (raise the batch size or the world size instead)";
+        pg.abort(msg);
+        return Err((pg.rank(), msg.into()));
+    }
+    Ok(pg)
+}
+
+/// Claims the sharded-checkpoint directory of a fresh run, or resumes from its newest
+/// checkpoint: the first epoch to run.
+fn open_sharded<M: burn::module::Module>(
+    trainer: &mut Trainer<M>,
+    s: &WiretrainStrategy,
+    starting_epoch: usize,
+) -> Result<usize, String> {
+    match &s.sharded {
+        None => Ok(starting_epoch),
+        Some((dir, _, false)) => trainer
+            .claim_checkpoint_dir(dir, false)
+            .map(|()| starting_epoch)
+            .map_err(|e| format!("sharded checkpoints: {e}")),
+        Some((dir, _, true)) => match trainer.resume_latest(dir) {
+            Ok(Some(m)) => Ok(starting_epoch.max(m.step + 1)),
+            Ok(None) => Ok(starting_epoch),
+            Err(e) => Err(format!("resuming from {}: {e}", dir.display())),
+        },
     }
 }
 

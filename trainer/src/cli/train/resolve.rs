@@ -93,71 +93,19 @@ fn flag_of(e: &ConfigError) -> &'static str {
 
 impl TrainArgs {
     pub(super) fn resolve(&self) -> Result<Run> {
-        let file: FileConfig = match &self.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p).map_err(|e| {
-                    crate::cli::usage_error(format!("--config {}: {e}", p.display()))
-                })?;
-                toml::from_str(&text).map_err(|e| {
-                    crate::cli::usage_error(format!("--config {}: {}", p.display(), e.message()))
-                })?
-            }
-            None => FileConfig::default(),
-        };
+        let file = self.file()?;
         let example: Example = self
             .example
             .clone()
-            .or(file.example)
+            .or(file.example.clone())
             .unwrap_or_else(|| "mlp".into())
             .parse()
             .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
-        let strategy = self
-            .strategy
-            .clone()
-            .or(file.strategy)
-            .unwrap_or_else(|| "ddp".into());
-        let diloco = (strategy == "diloco").then(|| {
-            let d = Diloco::default();
-            Diloco {
-                inner_steps: self
-                    .inner_steps
-                    .or(file.inner_steps)
-                    .unwrap_or(d.inner_steps),
-                outer_lr: self.outer_lr.or(file.outer_lr).unwrap_or(d.outer_lr),
-                outer_momentum: self
-                    .outer_momentum
-                    .or(file.outer_momentum)
-                    .unwrap_or(d.outer_momentum),
-            }
-        });
-        if diloco.is_none()
-            && (self.inner_steps.is_some()
-                || self.outer_lr.is_some()
-                || self.outer_momentum.is_some()
-                || self.inner_strategy.is_some())
-        {
-            usage!(
-                "--inner-steps, --inner-strategy, --outer-lr and --outer-momentum belong to \
-                 --strategy diloco"
-            );
-        }
-        let strategy: Strategy = if diloco.is_some() {
-            self.inner_strategy
-                .clone()
-                .or(file.inner_strategy)
-                .as_deref()
-                .unwrap_or("ddp")
-                .parse()
-                .map_err(|e| crate::cli::usage_error(format!("--inner-strategy: {e}")))?
-        } else {
-            strategy
-                .parse()
-                .map_err(|e| crate::cli::usage_error(format!("--strategy: {e} (or diloco)")))?
-        };
+        let (strategy, diloco) = self.strategy(&file)?;
         let device = self
             .device
             .clone()
-            .or(file.device)
+            .or(file.device.clone())
             .unwrap_or_else(|| "auto".into());
         // One spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
         let device: Vec<DeviceSpec> =
@@ -189,67 +137,17 @@ impl TrainArgs {
         let wire: WireDtype = self
             .wire_dtype
             .clone()
-            .or(file.wire_dtype)
+            .or(file.wire_dtype.clone())
             .unwrap_or_else(|| "f32".into())
             .parse()
             .map_err(|e| crate::cli::usage_error(format!("--wire-dtype: {e}")))?;
-        let balance = match (
-            self.shares.clone().or(file.shares),
-            self.balance.clone().or(file.balance).as_deref(),
-        ) {
-            (Some(list), None | Some("fixed")) => Balance::Fixed(
-                list.split(',')
-                    .map(|x| x.trim().parse::<usize>())
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| crate::cli::usage_error(format!("--shares {list:?}: {e}")))?,
-            ),
-            (Some(_), Some(b)) => {
-                usage!("--shares sets fixed shares; it cannot go with --balance {b}")
-            }
-            (None, None | Some("equal")) => Balance::Equal,
-            (None, Some("speed")) => Balance::Speed,
-            (None, Some(other)) => usage!("--balance: {other:?} is not equal or speed"),
-        };
-        if balance != Balance::Equal && accumulate > 1 {
-            usage!("--balance/--shares: uneven shares need --accumulate 1");
-        }
+        let balance = self.balance(&file, accumulate)?;
         let plot = self
             .plot
             .clone()
-            .or(file.plot)
+            .or(file.plot.clone())
             .or_else(|| self.metrics.as_ref().map(|m| m.with_extension("png")));
-        let every = self.checkpoint_every.or(file.checkpoint_every);
-        let keep = self.checkpoint_keep.or(file.checkpoint_keep).unwrap_or(2);
-        let resume = self.resume || file.resume.unwrap_or(false);
-        if every == Some(0) {
-            usage!("--checkpoint-every must be at least 1");
-        }
-        if keep == 0 {
-            usage!("--checkpoint-keep must be at least 1");
-        }
-        let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir) {
-            Some(dir) => {
-                if resume && self.overwrite_checkpoints {
-                    usage!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
-                }
-                if !resume && !self.overwrite_checkpoints {
-                    // Refused here, before joining, with exit 2; the trainer checks again.
-                    wiretrain::checkpoint::ensure_unused(&dir)
-                        .map_err(|e| crate::cli::usage_error(format!("--checkpoint-dir: {e}")))?;
-                }
-                Some(CheckpointPlan {
-                    dir,
-                    every,
-                    keep,
-                    resume,
-                    overwrite: self.overwrite_checkpoints,
-                })
-            }
-            None if every.is_some() || resume => {
-                usage!("--checkpoint-every and --resume need --checkpoint-dir")
-            }
-            None => None,
-        };
+        let checkpoint = self.checkpoint(&file)?;
         let checkpoint_timeout = match self.checkpoint_timeout {
             None => std::time::Duration::from_secs(600),
             Some(t) if t.is_finite() && (1.0..=86_400.0).contains(&t) => {
@@ -284,5 +182,128 @@ impl TrainArgs {
             d_model,
             layers,
         })
+    }
+
+    /// `--config`'s settings (none without it).
+    fn file(&self) -> Result<FileConfig> {
+        let Some(p) = &self.config else {
+            return Ok(FileConfig::default());
+        };
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| crate::cli::usage_error(format!("--config {}: {e}", p.display())))?;
+        toml::from_str(&text).map_err(|e| {
+            crate::cli::usage_error(format!("--config {}: {}", p.display(), e.message()))
+        })
+    }
+
+    /// The strategy, and DiLoCo's settings when it wraps it (`--strategy diloco` runs
+    /// `--inner-strategy` inside each node).
+    fn strategy(&self, file: &FileConfig) -> Result<(Strategy, Option<Diloco>)> {
+        let strategy = self
+            .strategy
+            .clone()
+            .or(file.strategy.clone())
+            .unwrap_or_else(|| "ddp".into());
+        let diloco = (strategy == "diloco").then(|| {
+            let d = Diloco::default();
+            Diloco {
+                inner_steps: self
+                    .inner_steps
+                    .or(file.inner_steps)
+                    .unwrap_or(d.inner_steps),
+                outer_lr: self.outer_lr.or(file.outer_lr).unwrap_or(d.outer_lr),
+                outer_momentum: self
+                    .outer_momentum
+                    .or(file.outer_momentum)
+                    .unwrap_or(d.outer_momentum),
+            }
+        });
+        if diloco.is_none()
+            && (self.inner_steps.is_some()
+                || self.outer_lr.is_some()
+                || self.outer_momentum.is_some()
+                || self.inner_strategy.is_some())
+        {
+            usage!(
+                "--inner-steps, --inner-strategy, --outer-lr and --outer-momentum belong to \
+                 --strategy diloco"
+            );
+        }
+        let strategy: Strategy = if diloco.is_some() {
+            self.inner_strategy
+                .clone()
+                .or(file.inner_strategy.clone())
+                .as_deref()
+                .unwrap_or("ddp")
+                .parse()
+                .map_err(|e| crate::cli::usage_error(format!("--inner-strategy: {e}")))?
+        } else {
+            strategy
+                .parse()
+                .map_err(|e| crate::cli::usage_error(format!("--strategy: {e} (or diloco)")))?
+        };
+        Ok((strategy, diloco))
+    }
+
+    /// How the global batch is shared: equal, fixed (`--shares`) or by speed.
+    fn balance(&self, file: &FileConfig, accumulate: usize) -> Result<Balance> {
+        let balance = match (
+            self.shares.clone().or(file.shares.clone()),
+            self.balance.clone().or(file.balance.clone()).as_deref(),
+        ) {
+            (Some(list), None | Some("fixed")) => Balance::Fixed(
+                list.split(',')
+                    .map(|x| x.trim().parse::<usize>())
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| crate::cli::usage_error(format!("--shares {list:?}: {e}")))?,
+            ),
+            (Some(_), Some(b)) => {
+                usage!("--shares sets fixed shares; it cannot go with --balance {b}")
+            }
+            (None, None | Some("equal")) => Balance::Equal,
+            (None, Some("speed")) => Balance::Speed,
+            (None, Some(other)) => usage!("--balance: {other:?} is not equal or speed"),
+        };
+        if balance != Balance::Equal && accumulate > 1 {
+            usage!("--balance/--shares: uneven shares need --accumulate 1");
+        }
+        Ok(balance)
+    }
+
+    /// Where and how often checkpoints go, checked before the job starts.
+    fn checkpoint(&self, file: &FileConfig) -> Result<Option<CheckpointPlan>> {
+        let every = self.checkpoint_every.or(file.checkpoint_every);
+        let keep = self.checkpoint_keep.or(file.checkpoint_keep).unwrap_or(2);
+        let resume = self.resume || file.resume.unwrap_or(false);
+        if every == Some(0) {
+            usage!("--checkpoint-every must be at least 1");
+        }
+        if keep == 0 {
+            usage!("--checkpoint-keep must be at least 1");
+        }
+        let checkpoint = match self.checkpoint_dir.clone().or(file.checkpoint_dir.clone()) {
+            Some(dir) => {
+                if resume && self.overwrite_checkpoints {
+                    usage!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
+                }
+                if !resume && !self.overwrite_checkpoints {
+                    // Refused here, before joining, with exit 2; the trainer checks again.
+                    wiretrain::checkpoint::ensure_unused(&dir)
+                        .map_err(|e| crate::cli::usage_error(format!("--checkpoint-dir: {e}")))?;
+                }
+                Some(CheckpointPlan {
+                    dir,
+                    every,
+                    keep,
+                    resume,
+                    overwrite: self.overwrite_checkpoints,
+                })
+            }
+            None if every.is_some() || resume => {
+                usage!("--checkpoint-every and --resume need --checkpoint-dir")
+            }
+            None => None,
+        };
+        Ok(checkpoint)
     }
 }
