@@ -12,23 +12,20 @@ use std::time::Duration;
 fn run(balance: &str) -> Vec<serde_json::Value> {
     common::train_metrics(
         &format!("balance-{balance}"),
-        &[
-            "launch",
-            "--local",
+        &common::local_train(
             "1",
-            "--ranks-per-node",
             "2",
-            "--",
-            "train",
-            "--example",
-            "char-lm",
-            "--steps",
-            "16",
-            "--device",
-            "cpu",
-            "--balance",
-            balance,
-        ],
+            &[
+                "--example",
+                "char-lm",
+                "--steps",
+                "16",
+                "--device",
+                "cpu",
+                "--balance",
+                balance,
+            ],
+        ),
         &[("WIRETRAIN_DEBUG_SLOWDOWN", "1:3")],
         Duration::from_secs(600),
     )

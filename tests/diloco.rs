@@ -77,25 +77,22 @@ fn one_node_diloco_is_ddp() {
 #[test]
 fn across_nodes_bytes_flow_only_at_outer_steps() {
     let v = run(
-        &[
-            "launch",
-            "--local",
+        &common::local_train(
             "2",
-            "--ranks-per-node",
             "2",
-            "--",
-            "train",
-            "--example",
-            "char-lm",
-            "--steps",
-            "24",
-            "--strategy",
-            "diloco",
-            "--inner-steps",
-            "4",
-            "--wire-dtype",
-            "bf16",
-        ],
+            &[
+                "--example",
+                "char-lm",
+                "--steps",
+                "24",
+                "--strategy",
+                "diloco",
+                "--inner-steps",
+                "4",
+                "--wire-dtype",
+                "bf16",
+            ],
+        ),
         "2x2",
     );
     let s = steps(&v);

@@ -31,25 +31,22 @@ fn char_lm_learns_on_two_nodes_and_plots() {
     let d = dir("char-lm");
     let m = d.join("m.jsonl");
     let out = common::run(
-        &[
-            "launch",
-            "--local",
+        &common::local_train(
             "2",
-            "--ranks-per-node",
             "2",
-            "--",
-            "train",
-            "--example",
-            "char-lm",
-            "--strategy",
-            "zero2",
-            "--steps",
-            "200",
-            "--device",
-            "cpu",
-            "--metrics",
-            m.to_str().unwrap(),
-        ],
+            &[
+                "--example",
+                "char-lm",
+                "--strategy",
+                "zero2",
+                "--steps",
+                "200",
+                "--device",
+                "cpu",
+                "--metrics",
+                m.to_str().unwrap(),
+            ],
+        ),
         &[],
         Duration::from_secs(900),
     );

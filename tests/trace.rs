@@ -20,27 +20,24 @@ fn dir(name: &str) -> PathBuf {
 fn traced_run(d: &Path, example: &str, strategy: &str, envs: &[(&str, &str)]) {
     let t = d.join("trace");
     let out = common::run(
-        &[
-            "launch",
-            "--local",
+        &common::local_train(
             "2",
-            "--ranks-per-node",
             "2",
-            "--",
-            "train",
-            "--example",
-            example,
-            "--strategy",
-            strategy,
-            "--steps",
-            "12",
-            "--global-batch",
-            "32",
-            "--device",
-            "cpu",
-            "--trace",
-            t.to_str().unwrap(),
-        ],
+            &[
+                "--example",
+                example,
+                "--strategy",
+                strategy,
+                "--steps",
+                "12",
+                "--global-batch",
+                "32",
+                "--device",
+                "cpu",
+                "--trace",
+                t.to_str().unwrap(),
+            ],
+        ),
         envs,
         Duration::from_secs(300),
     );

@@ -142,3 +142,19 @@ pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::proce
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// `launch --local <nodes> --ranks-per-node <ranks> -- train <rest...>`: a training job of
+/// local node processes on 127.0.0.x.
+pub fn local_train<'a>(nodes: &'a str, ranks: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "launch",
+        "--local",
+        nodes,
+        "--ranks-per-node",
+        ranks,
+        "--",
+        "train",
+    ];
+    v.extend_from_slice(rest);
+    v
+}

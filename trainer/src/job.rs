@@ -155,77 +155,8 @@ impl JobOptions {
     /// they leave open; the token from WIRETRAIN_TOKEN or the token file.
     pub fn node_config(&self) -> Result<NodeConfig, JobError> {
         let e = |what: &str, err: &dyn std::fmt::Display| JobError(format!("{what}: {err}"));
-        let (nnodes, node_rank, master) = match &self.master {
-            Some(m) => {
-                let nnodes = self.nnodes.ok_or_else(|| {
-                    JobError("--nnodes is required with --master (or WIRETRAIN_NNODES)".into())
-                })?;
-                let addr = resolve(m).map_err(|err| e(&format!("--master {m}"), &err))?;
-                (nnodes, self.node_rank, addr)
-            }
-            None => match EnvRendezvous::from_env(|k| std::env::var(k).ok())
-                .map_err(|err| e("reading the rendezvous environment", &err))?
-            {
-                Some(env) => {
-                    tracing::info!(source = env.source, "rendezvous from environment");
-                    let addr = env
-                        .master_addr()
-                        .map_err(|err| e("the rendezvous environment", &err))?;
-                    (
-                        self.nnodes.unwrap_or(env.nnodes),
-                        Some(self.node_rank.unwrap_or(env.node_rank)),
-                        addr,
-                    )
-                }
-                None => {
-                    let n = self.nnodes.unwrap_or(1);
-                    if n != 1 {
-                        return Err(JobError(format!(
-                            "--nnodes {n} needs --master host:port (or MASTER_ADDR / Slurm environment)"
-                        )));
-                    }
-                    (1, Some(0), "127.0.0.1:0".parse().expect("static address"))
-                }
-            },
-        };
-        let from_file = |p: &std::path::Path| -> Result<String, JobError> {
-            let t = std::fs::read_to_string(p)
-                .map_err(|err| e(&format!("--token-file {}", p.display()), &err))?;
-            let t = t.trim();
-            if t.is_empty() {
-                return Err(JobError(format!(
-                    "--token-file {}: the file is empty",
-                    p.display()
-                )));
-            }
-            warn_if_readable_by_others(p);
-            Ok(t.to_string())
-        };
-        let token = match (
-            std::env::var(env::TOKEN).ok().filter(|t| !t.is_empty()),
-            &self.token_file,
-        ) {
-            (Some(t), Some(p)) => {
-                // Neither silently wins: the same secret twice is fine, two secrets are refused.
-                if from_file(p)? != t {
-                    return Err(JobError(format!(
-                        "--token-file {}: both it and WIRETRAIN_TOKEN are set, to different \
-                         tokens; give one (`wiretrain launch --local` sets WIRETRAIN_TOKEN \
-                         itself: drop --token-file there)",
-                        p.display()
-                    )));
-                }
-                Token::from(t)
-            }
-            (Some(t), None) => Token::from(t),
-            (None, Some(p)) => Token::from(from_file(p)?),
-            (None, None) if nnodes == 1 => Token::generate(),
-            (None, None) => {
-                return Err(JobError(
-                    "a multi-node job needs a shared secret: set WIRETRAIN_TOKEN or pass --token-file on every node".into(),
-                ));
-            }
-        };
+        let (nnodes, node_rank, master) = self.rendezvous()?;
+        let token = self.token(nnodes)?;
         let mut cfg = NodeConfig::new(nnodes, node_rank, master, self.ranks(), token)
             .map_err(|err| e("node configuration", &err))?;
         if let Some(b) = self.bind {
@@ -278,6 +209,91 @@ impl JobOptions {
             cfg.protocol_version_override(v);
         }
         Ok(cfg)
+    }
+
+    /// (nodes, this node's rank if known, the coordinator's address): from the flags, else
+    /// the environment a launcher set (torchrun, Slurm), else a one-node job.
+    fn rendezvous(&self) -> Result<(usize, Option<usize>, SocketAddr), JobError> {
+        let e = |what: &str, err: &dyn std::fmt::Display| JobError(format!("{what}: {err}"));
+        Ok(match &self.master {
+            Some(m) => {
+                let nnodes = self.nnodes.ok_or_else(|| {
+                    JobError("--nnodes is required with --master (or WIRETRAIN_NNODES)".into())
+                })?;
+                let addr = resolve(m).map_err(|err| e(&format!("--master {m}"), &err))?;
+                (nnodes, self.node_rank, addr)
+            }
+            None => match EnvRendezvous::from_env(|k| std::env::var(k).ok())
+                .map_err(|err| e("reading the rendezvous environment", &err))?
+            {
+                Some(env) => {
+                    tracing::info!(source = env.source, "rendezvous from environment");
+                    let addr = env
+                        .master_addr()
+                        .map_err(|err| e("the rendezvous environment", &err))?;
+                    (
+                        self.nnodes.unwrap_or(env.nnodes),
+                        Some(self.node_rank.unwrap_or(env.node_rank)),
+                        addr,
+                    )
+                }
+                None => {
+                    let n = self.nnodes.unwrap_or(1);
+                    if n != 1 {
+                        return Err(JobError(format!(
+                            "--nnodes {n} needs --master host:port (or MASTER_ADDR / Slurm environment)"
+                        )));
+                    }
+                    (1, Some(0), "127.0.0.1:0".parse().expect("static address"))
+                }
+            },
+        })
+    }
+
+    /// The job's shared secret: WIRETRAIN_TOKEN or `--token-file` (the same one when both are
+    /// given); a one-node job without either makes its own.
+    fn token(&self, nnodes: usize) -> Result<Token, JobError> {
+        let e = |what: &str, err: &dyn std::fmt::Display| JobError(format!("{what}: {err}"));
+        let from_file = |p: &std::path::Path| -> Result<String, JobError> {
+            let t = std::fs::read_to_string(p)
+                .map_err(|err| e(&format!("--token-file {}", p.display()), &err))?;
+            let t = t.trim();
+            if t.is_empty() {
+                return Err(JobError(format!(
+                    "--token-file {}: the file is empty",
+                    p.display()
+                )));
+            }
+            warn_if_readable_by_others(p);
+            Ok(t.to_string())
+        };
+        Ok(
+            match (
+                std::env::var(env::TOKEN).ok().filter(|t| !t.is_empty()),
+                &self.token_file,
+            ) {
+                (Some(t), Some(p)) => {
+                    // Neither silently wins: the same secret twice is fine, two secrets are refused.
+                    if from_file(p)? != t {
+                        return Err(JobError(format!(
+                            "--token-file {}: both it and WIRETRAIN_TOKEN are set, to different \
+                         tokens; give one (`wiretrain launch --local` sets WIRETRAIN_TOKEN \
+                         itself: drop --token-file there)",
+                            p.display()
+                        )));
+                    }
+                    Token::from(t)
+                }
+                (Some(t), None) => Token::from(t),
+                (None, Some(p)) => Token::from(from_file(p)?),
+                (None, None) if nnodes == 1 => Token::generate(),
+                (None, None) => {
+                    return Err(JobError(
+                    "a multi-node job needs a shared secret: set WIRETRAIN_TOKEN or pass --token-file on every node".into(),
+                ));
+                }
+            },
+        )
     }
 }
 
