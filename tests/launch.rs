@@ -34,19 +34,17 @@ fn losses(m: &Path) -> (Vec<f64>, serde_json::Value) {
 
 fn launch_loop(nodes: &str, ranks: &str, extra: &[&str], m: &Path) -> std::process::Output {
     let ex = common::example("run-loop");
-    let mut args = vec![
-        "launch",
-        "--local",
+    let mut args = common::local(
         nodes,
-        "--ranks-per-node",
         ranks,
-        "--",
-        ex.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--metrics",
-        m.to_str().unwrap(),
-    ];
+        &[
+            ex.to_str().unwrap(),
+            "--device",
+            "cpu",
+            "--metrics",
+            m.to_str().unwrap(),
+        ],
+    );
     args.extend(extra);
     common::run(&args, &[], Duration::from_secs(300))
 }

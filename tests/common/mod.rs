@@ -143,18 +143,18 @@ pub fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::proce
     }
 }
 
+/// `launch --local <nodes> --ranks-per-node <ranks> -- <command...>`: a job of local node
+/// processes on 127.0.0.x, each running `command`.
+pub fn local<'a>(nodes: &'a str, ranks: &'a str, command: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec!["launch", "--local", nodes, "--ranks-per-node", ranks, "--"];
+    v.extend_from_slice(command);
+    v
+}
+
 /// `launch --local <nodes> --ranks-per-node <ranks> -- train <rest...>`: a training job of
-/// local node processes on 127.0.0.x.
+/// local node processes.
 pub fn local_train<'a>(nodes: &'a str, ranks: &'a str, rest: &[&'a str]) -> Vec<&'a str> {
-    let mut v = vec![
-        "launch",
-        "--local",
-        nodes,
-        "--ranks-per-node",
-        ranks,
-        "--",
-        "train",
-    ];
+    let mut v = local(nodes, ranks, &["train"]);
     v.extend_from_slice(rest);
     v
 }
