@@ -224,37 +224,9 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         .map_or(Ok(16), |s| s.parse())
         .map_err(bad)?;
     let out = std::path::PathBuf::from(flag(args, "--out").unwrap_or_else(|| "run-learner".into()));
-    let valid = || {
-        DataLoaderBuilder::new(Spirals)
-            .batch_size(64)
-            .build(InMemDataset::new(spirals(384, 1)))
-    };
-    // Burn's AdamW with the hyper-parameters wiretrain's optimizer is given below.
-    let adamw = || {
-        AdamWConfig::new()
-            .with_epsilon(1e-8)
-            .with_weight_decay(0.01)
-            .init()
-    };
     if let Some(w) = flag(args, "--reference") {
         let world: usize = w.parse().map_err(bad)?;
-        let device = Device::flex().autodiff();
-        let train = DataLoaderBuilder::new(Spirals)
-            .batch_size(world * batch)
-            .build(InMemDataset::new(as_global_batches(
-                spirals(TRAIN, 0),
-                world,
-                batch,
-            )));
-        let res = SupervisedTraining::new(&out, train, valid())
-            .num_epochs(epochs)
-            .metric_train_numeric(LossMetric::new())
-            .with_application_logger(None)
-            .launch(Learner::new(Net::new(&device), adamw(), LR));
-        return match res.error {
-            Some(e) => Err((1, e.to_string())),
-            None => Ok(()),
-        };
+        return reference(&out, world, batch, epochs);
     }
     let mut job = JobOptions::from_env().map_err(bad)?;
     if let Some(d) = flag(args, "--device") {
@@ -280,31 +252,20 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         WiretrainStrategy::check(&cfg).map_err(|e| bad(format!("--strategy {strategy}: {e}")))?;
     }
     let checkpoints = args.iter().any(|a| a == "--checkpoints");
-    let sharded = flag(args, "--sharded").map(std::path::PathBuf::from);
-    let resume = args.iter().any(|a| a == "--resume");
+    // Sharded checkpoints: (directory, resume from its newest).
+    let sharded = flag(args, "--sharded").map(|d| {
+        (
+            std::path::PathBuf::from(d),
+            args.iter().any(|a| a == "--resume"),
+        )
+    });
     let results = wiretrain::run(job, move |ctx| {
         let rank = ctx.rank();
         let device = ctx.device();
         let train = DataLoaderBuilder::new(Spirals)
             .batch_size(batch)
             .build(InMemDataset::new(spirals(TRAIN, 0)));
-        let strategy: TrainingStrategy<Net> = if whole {
-            let mut s = WiretrainStrategy::new(ctx.pg, device.clone(), cfg.clone())
-                .map_err(|e| e.to_string())?
-                .with_stop_flag(ctx.stop.clone());
-            if let Some(d) = &sharded {
-                s = s.sharded_checkpoints(d, 2, resume);
-            }
-            TrainingStrategy::Custom(Arc::new(s))
-        } else {
-            let mut s = WiretrainStrategy::units(ctx.pg, device.clone(), cfg.clone())
-                .map_err(|e| e.to_string())?
-                .with_stop_flag(ctx.stop.clone());
-            if let Some(d) = &sharded {
-                s = s.sharded_checkpoints(d, 2, resume);
-            }
-            TrainingStrategy::Custom(Arc::new(s))
-        };
+        let strategy = strategy_for(ctx.pg, &device, &cfg, whole, ctx.stop.clone(), &sharded)?;
         // Rank 0 renders and logs; the others stay silent and write nothing.
         let dir = if rank == 0 {
             out.clone()
@@ -340,4 +301,75 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         std::process::exit(130);
     }
     Ok(())
+}
+
+/// Validation batches (the same on every rank).
+fn valid() -> Arc<dyn burn::data::dataloader::DataLoader<Batch>> {
+    DataLoaderBuilder::new(Spirals)
+        .batch_size(64)
+        .build(InMemDataset::new(spirals(384, 1)))
+}
+
+/// Burn's AdamW with the hyper-parameters wiretrain's optimizer is given.
+fn adamw() -> burn::optim::ModuleOptimizer {
+    AdamWConfig::new()
+        .with_epsilon(1e-8)
+        .with_weight_decay(0.01)
+        .init()
+}
+
+/// The single-process reference: Burn's own loop on `world` ranks' batches, taken as one.
+fn reference(
+    out: &std::path::Path,
+    world: usize,
+    batch: usize,
+    epochs: usize,
+) -> Result<(), Failure> {
+    let device = Device::flex().autodiff();
+    let train = DataLoaderBuilder::new(Spirals)
+        .batch_size(world * batch)
+        .build(InMemDataset::new(as_global_batches(
+            spirals(TRAIN, 0),
+            world,
+            batch,
+        )));
+    let res = SupervisedTraining::new(out, train, valid())
+        .num_epochs(epochs)
+        .metric_train_numeric(LossMetric::new())
+        .with_application_logger(None)
+        .launch(Learner::new(Net::new(&device), adamw(), LR));
+    match res.error {
+        Some(e) => Err((1, e.to_string())),
+        None => Ok(()),
+    }
+}
+
+/// Burn-train's strategy for this rank: wiretrain's, on the whole module or unit by unit,
+/// with the job's stop flag and, when asked, sharded checkpoints.
+fn strategy_for(
+    pg: wiretrain::comm::ProcessGroup,
+    device: &Device,
+    cfg: &TrainerConfig,
+    whole: bool,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    sharded: &Option<(std::path::PathBuf, bool)>,
+) -> Result<TrainingStrategy<Net>, String> {
+    let device = device.clone();
+    Ok(TrainingStrategy::Custom(if whole {
+        let mut s = WiretrainStrategy::new(pg, device, cfg.clone())
+            .map_err(|e| e.to_string())?
+            .with_stop_flag(stop);
+        if let Some((d, resume)) = sharded {
+            s = s.sharded_checkpoints(d, 2, *resume);
+        }
+        Arc::new(s)
+    } else {
+        let mut s = WiretrainStrategy::units(pg, device, cfg.clone())
+            .map_err(|e| e.to_string())?
+            .with_stop_flag(stop);
+        if let Some((d, resume)) = sharded {
+            s = s.sharded_checkpoints(d, 2, *resume);
+        }
+        Arc::new(s)
+    }))
 }

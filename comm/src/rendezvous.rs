@@ -234,71 +234,24 @@ pub async fn coordinate(
     let deadline = Instant::now() + cfg.rendezvous_timeout;
     let expected = cfg.nnodes - 1;
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Arrival>(64);
-    let mut by_rank: BTreeMap<usize, (Arrival, NodeInfo)> = BTreeMap::new();
-    let mut unassigned: Vec<(Arrival, NodeInfo)> = Vec::new();
+    let mut joined = Joined::default();
     let version = cfg.protocol_version_override.unwrap_or(PROTOCOL_VERSION);
     let mut refusals = tokio::task::JoinSet::new();
-    while by_rank.len() + unassigned.len() < expected {
+    while joined.count() < expected {
         tokio::select! {
             incoming = ep.accept() => {
                 let Some(incoming) = incoming else { break };
-                let tx = tx.clone();
-                tokio::spawn(async move {
-                    let remote = incoming.remote_address();
-                    let conn = match tokio::time::timeout(Duration::from_secs(10), incoming).await {
-                        Ok(Ok(c)) => c,
-                        Ok(Err(e)) => {
-                            tracing::warn!(%remote, "refused a connection at rendezvous: {} (wrong job token?)", describe_conn_error(&e));
-                            return;
-                        }
-                        Err(_) => { tracing::warn!(%remote, "handshake timed out at rendezvous"); return; }
-                    };
-                    let Ok(Ok((send, mut recv))) = tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await else {
-                        tracing::warn!(%remote, "peer opened no control stream");
-                        return;
-                    };
-                    match tokio::time::timeout(Duration::from_secs(10), recv_control(&mut recv)).await {
-                        // The coordinator's loop takes arrivals at once; a full queue (a
-                        // flood) drops this one rather than waiting without a bound.
-                        Ok(Ok(hello)) => { let _ = tx.send_timeout(Arrival { conn, send, recv, hello }, Duration::from_secs(10)).await; }
-                        Ok(Err(e)) => {
-                            tracing::warn!(%remote, "bad hello: {e}");
-                            conn.close(VarInt::from_u32(close_code::PROTOCOL), format!("bad hello: {e}").as_bytes());
-                        }
-                        Err(_) => tracing::warn!(%remote, "no hello within 10 s"),
-                    }
-                });
+                tokio::spawn(receive_hello(incoming, tx.clone()));
             }
             Some(a) = rx.recv() => {
-                let hello = match validate::check_hello(&a.hello, version, cfg.nnodes, |r| by_rank.contains_key(&r)) {
-                    Ok(h) => h,
-                    Err(reason) => {
-                        tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
-                        refusals.spawn(refuse_owned(a, reason));
-                        continue;
-                    }
-                };
-                let validate::AcceptedHello { node_rank, listen_ip, listen_port, devices } = hello;
-                let ip = listen_ip.filter(|ip| !ip.is_unspecified()).unwrap_or(a.conn.remote_address().ip());
-                // The fingerprint is that of the certificate the joiner proved it holds in the
-                // handshake, never a claim in its message.
-                let Some(cert_sha256) = peer_sha256(&a.conn) else {
-                    refusals.spawn(refuse_owned(a, "no client certificate".into()));
-                    continue;
-                };
-                let info = NodeInfo { node: node_rank.unwrap_or(usize::MAX), addr: SocketAddr::new(ip, listen_port), devices, cert_sha256 };
-                tracing::info!(node = ?node_rank, addr = %info.addr, ranks = info.devices.len(), "node joined");
-                match node_rank {
-                    Some(r) => { by_rank.insert(r, (a, info)); }
-                    None => unassigned.push((a, info)),
+                if let Err((a, reason)) = joined.admit(a, version, cfg.nnodes) {
+                    refusals.spawn(refuse_owned(a, reason));
                 }
             }
             _ = tokio::time::sleep_until(deadline) => {
-                let joined = by_rank.len() + unassigned.len();
-                let missing: Vec<usize> = (1..cfg.nnodes).filter(|r| !by_rank.contains_key(r)).skip(unassigned.len()).collect();
-                let err = RendezvousError::Timeout { timeout: cfg.rendezvous_timeout, joined: joined + 1, expected: cfg.nnodes, missing };
+                let err = joined.timeout(cfg);
                 let reason = err.to_string();
-                for (a, _) in by_rank.into_values().chain(unassigned) {
+                for (a, _) in joined.by_rank.into_values().chain(joined.unassigned) {
                     refusals.spawn(refuse_owned(a, reason.clone()));
                 }
                 // Each refusal is bounded (2.5 s); they run side by side.
@@ -309,29 +262,10 @@ pub async fn coordinate(
     }
     // Refusals still under way finish on their own (each is bounded).
     refusals.detach_all();
-    // Assign free node ranks to nodes that did not ask for one, in order of arrival.
-    let free: Vec<usize> = (1..cfg.nnodes)
-        .filter(|r| !by_rank.contains_key(r))
-        .collect();
-    for (r, (a, info)) in free.into_iter().zip(unassigned) {
-        by_rank.insert(r, (a, info));
-    }
-    let mut nodes = vec![NodeInfo {
-        node: 0,
-        addr: own_addr,
-        devices: cfg.devices.clone(),
-        cert_sha256: own_sha256.to_string(),
-    }];
-    for (&r, (_, info)) in &by_rank {
-        nodes.push(NodeInfo {
-            node: r,
-            ..info.clone()
-        });
-    }
-    let table = RankTable::new(nodes).map_err(|reason| RendezvousError::Refused { reason })?;
+    let (table, by_rank) = joined.table(cfg, own_addr, own_sha256)?;
     let mut peers = Vec::new();
     let by = Instant::now() + cfg.rendezvous_timeout;
-    for (r, (mut a, _)) in by_rank {
+    for (r, mut a) in by_rank {
         send_control_by(
             by,
             &mut a.send,
@@ -350,6 +284,149 @@ pub async fn coordinate(
         });
     }
     Ok((table, peers))
+}
+
+/// One incoming connection at rendezvous: its handshake, its control stream and its hello,
+/// each within 10 s; the arrival goes to the coordinator's loop (dropped, never waited on
+/// without a bound, when the queue is full: a flood).
+async fn receive_hello(incoming: quinn::Incoming, tx: tokio::sync::mpsc::Sender<Arrival>) {
+    let remote = incoming.remote_address();
+    let conn = match tokio::time::timeout(Duration::from_secs(10), incoming).await {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            tracing::warn!(
+                %remote,
+                "refused a connection at rendezvous: {} (wrong job token?)",
+                describe_conn_error(&e)
+            );
+            return;
+        }
+        Err(_) => {
+            tracing::warn!(%remote, "handshake timed out at rendezvous");
+            return;
+        }
+    };
+    let Ok(Ok((send, mut recv))) =
+        tokio::time::timeout(Duration::from_secs(10), conn.accept_bi()).await
+    else {
+        tracing::warn!(%remote, "peer opened no control stream");
+        return;
+    };
+    match tokio::time::timeout(Duration::from_secs(10), recv_control(&mut recv)).await {
+        Ok(Ok(hello)) => {
+            let a = Arrival {
+                conn,
+                send,
+                recv,
+                hello,
+            };
+            let _ = tx.send_timeout(a, Duration::from_secs(10)).await;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(%remote, "bad hello: {e}");
+            let reason = format!("bad hello: {e}");
+            conn.close(VarInt::from_u32(close_code::PROTOCOL), reason.as_bytes());
+        }
+        Err(_) => tracing::warn!(%remote, "no hello within 10 s"),
+    }
+}
+
+/// The nodes admitted so far: by the node rank they asked for, and those that asked for none.
+#[derive(Default)]
+struct Joined {
+    by_rank: BTreeMap<usize, (Arrival, NodeInfo)>,
+    unassigned: Vec<(Arrival, NodeInfo)>,
+}
+
+impl Joined {
+    fn count(&self) -> usize {
+        self.by_rank.len() + self.unassigned.len()
+    }
+
+    /// Admits an arrival whose hello checks out, or hands it back with the reason to refuse.
+    #[allow(clippy::result_large_err)] // the arrival goes back to be refused
+    fn admit(&mut self, a: Arrival, version: u32, nnodes: usize) -> Result<(), (Arrival, String)> {
+        let taken = |r: usize| self.by_rank.contains_key(&r);
+        let hello = match validate::check_hello(&a.hello, version, nnodes, taken) {
+            Ok(h) => h,
+            Err(reason) => {
+                tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
+                return Err((a, reason));
+            }
+        };
+        let validate::AcceptedHello {
+            node_rank,
+            listen_ip,
+            listen_port,
+            devices,
+        } = hello;
+        let ip = listen_ip
+            .filter(|ip| !ip.is_unspecified())
+            .unwrap_or(a.conn.remote_address().ip());
+        // The fingerprint is that of the certificate the joiner proved it holds in the
+        // handshake, never a claim in its message.
+        let Some(cert_sha256) = peer_sha256(&a.conn) else {
+            return Err((a, "no client certificate".into()));
+        };
+        let info = NodeInfo {
+            node: node_rank.unwrap_or(usize::MAX),
+            addr: SocketAddr::new(ip, listen_port),
+            devices,
+            cert_sha256,
+        };
+        tracing::info!(node = ?node_rank, addr = %info.addr, ranks = info.devices.len(), "node joined");
+        match node_rank {
+            Some(r) => {
+                self.by_rank.insert(r, (a, info));
+            }
+            None => self.unassigned.push((a, info)),
+        }
+        Ok(())
+    }
+
+    /// The rendezvous timed out: who joined and who is missing.
+    fn timeout(&self, cfg: &NodeConfig) -> RendezvousError {
+        let missing: Vec<usize> = (1..cfg.nnodes)
+            .filter(|r| !self.by_rank.contains_key(r))
+            .skip(self.unassigned.len())
+            .collect();
+        RendezvousError::Timeout {
+            timeout: cfg.rendezvous_timeout,
+            joined: self.count() + 1,
+            expected: cfg.nnodes,
+            missing,
+        }
+    }
+
+    /// The rank table (node 0 is this node; nodes that asked for no rank get the free ones, in
+    /// order of arrival), and every other node's arrival by node rank.
+    #[allow(clippy::type_complexity)]
+    fn table(
+        mut self,
+        cfg: &NodeConfig,
+        own_addr: SocketAddr,
+        own_sha256: &str,
+    ) -> Result<(RankTable, BTreeMap<usize, Arrival>), RendezvousError> {
+        let free: Vec<usize> = (1..cfg.nnodes)
+            .filter(|r| !self.by_rank.contains_key(r))
+            .collect();
+        for (r, (a, info)) in free.into_iter().zip(self.unassigned) {
+            self.by_rank.insert(r, (a, info));
+        }
+        let mut nodes = vec![NodeInfo {
+            node: 0,
+            addr: own_addr,
+            devices: cfg.devices.clone(),
+            cert_sha256: own_sha256.to_string(),
+        }];
+        let mut arrivals = BTreeMap::new();
+        for (r, (a, info)) in self.by_rank {
+            nodes.push(NodeInfo { node: r, ..info });
+            arrivals.insert(r, a);
+        }
+        let table = RankTable::new(nodes).map_err(|reason| RendezvousError::Refused { reason })?;
+        Ok((table, arrivals))
+    }
 }
 
 /// Joins the coordinator at `cfg.master`; returns the table, this node's rank and its link
@@ -420,31 +497,7 @@ pub async fn join(
     };
     match reply {
         Control::Welcome { node, table } => {
-            let coordinator_sha256 = peer_sha256(&conn).unwrap_or_default();
-            let own_sha256 = identity.node_fingerprint();
-            let want = validate::Expect {
-                nnodes: cfg.nnodes,
-                ranks: cfg.devices.len(),
-                coordinator_sha256: &coordinator_sha256,
-                own_sha256: &own_sha256,
-            };
-            match validate::check_welcome(node, &table, &want) {
-                Ok(()) => {}
-                Err(validate::BadWelcome::Inconsistent(reason)) => {
-                    return Err(RendezvousError::Refused { reason });
-                }
-                Err(validate::BadWelcome::CoordinatorCert { expected }) => {
-                    return Err(RendezvousError::UnknownCertificate {
-                        addr: cfg.master,
-                        expected,
-                    });
-                }
-                Err(validate::BadWelcome::OwnCert) => {
-                    return Err(RendezvousError::Refused {
-                        reason: "the rank table names another certificate for this node".into(),
-                    });
-                }
-            }
+            check_welcome(node, &table, &conn, identity, cfg)?;
             Ok((
                 table,
                 node,
@@ -461,6 +514,36 @@ pub async fn join(
             reason: format!("unexpected reply {other:?}"),
         }),
     }
+}
+
+/// A joiner's checks of the coordinator's welcome: a consistent table for this job, node 0
+/// holding the certificate the coordinator proved in the handshake, and this node listed with
+/// its own.
+fn check_welcome(
+    node: usize,
+    table: &RankTable,
+    conn: &Connection,
+    identity: &JobIdentity,
+    cfg: &NodeConfig,
+) -> Result<(), RendezvousError> {
+    let coordinator_sha256 = peer_sha256(conn).unwrap_or_default();
+    let own_sha256 = identity.node_fingerprint();
+    let want = validate::Expect {
+        nnodes: cfg.nnodes,
+        ranks: cfg.devices.len(),
+        coordinator_sha256: &coordinator_sha256,
+        own_sha256: &own_sha256,
+    };
+    validate::check_welcome(node, table, &want).map_err(|bad| match bad {
+        validate::BadWelcome::Inconsistent(reason) => RendezvousError::Refused { reason },
+        validate::BadWelcome::CoordinatorCert { expected } => RendezvousError::UnknownCertificate {
+            addr: cfg.master,
+            expected,
+        },
+        validate::BadWelcome::OwnCert => RendezvousError::Refused {
+            reason: "the rank table names another certificate for this node".into(),
+        },
+    })
 }
 
 mod lanes;

@@ -274,31 +274,26 @@ impl Executor {
             "waiting for step {step} frame {chunk} from {}",
             lane.describe(from)
         );
-        match res {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => {
-                let err = CollectiveError::Failed {
-                    op: id.kind.name(),
-                    seq: id.seq,
-                    bytes,
-                    rank: self.rank,
-                    waiting_for,
-                    source: Box::new(e.error),
-                };
-                Err(self.fail(id, err))
-            }
-            Err(_) => {
-                let err = CollectiveError::Timeout {
-                    op: id.kind.name(),
-                    seq: id.seq,
-                    bytes,
-                    rank: self.rank,
-                    timeout: self.timeout,
-                    waiting_for,
-                };
-                Err(self.fail(id, err))
-            }
-        }
+        let err = match res {
+            Ok(Ok(())) => return Ok(()),
+            Ok(Err(e)) => CollectiveError::Failed {
+                op: id.kind.name(),
+                seq: id.seq,
+                bytes,
+                rank: self.rank,
+                waiting_for,
+                source: Box::new(e.error),
+            },
+            Err(_) => CollectiveError::Timeout {
+                op: id.kind.name(),
+                seq: id.seq,
+                bytes,
+                rank: self.rank,
+                timeout: self.timeout,
+                waiting_for,
+            },
+        };
+        Err(self.fail(id, err))
     }
 
     /// The hierarchical collective on `buf`, over the ranks of the call's group (see the

@@ -61,100 +61,126 @@ pub async fn mesh(
     let deadline = Instant::now() + cfg.rendezvous_timeout;
     // Dial every lower node except 0.
     for m in 1..me {
-        let addr = table.nodes()[m].addr;
-        let pin = table.nodes()[m].cert_sha256.as_str();
-        let conn = dial(ep, identity, cfg, addr, deadline, Some(pin))
-            .await
-            .map_err(|e| RendezvousError::Mesh {
-                node: m,
-                reason: e.to_string(),
-            })?;
-        let (mut send, recv) = open_bi_by(deadline, &conn)
-            .await
-            .map_err(|reason| RendezvousError::Mesh { node: m, reason })?;
-        send_control_by(
-            deadline,
-            &mut send,
-            &Control::PeerHello {
-                version: PROTOCOL_VERSION,
-                node: me,
-            },
-        )
+        peers.push(dial_peer(ep, identity, cfg, table, me, m, deadline).await?);
+    }
+    // Accept every higher node (node 0 got them all at rendezvous).
+    if me != 0 {
+        accept_peers(ep, table, me, deadline, &mut peers).await?;
+    }
+    peers.sort_by_key(|p| p.node);
+    Ok(peers)
+}
+
+/// Dials node `m` (pinned to the certificate the table names) and says who this node is.
+async fn dial_peer(
+    ep: &Endpoint,
+    identity: &JobIdentity,
+    cfg: &NodeConfig,
+    table: &RankTable,
+    me: usize,
+    m: usize,
+    deadline: Instant,
+) -> Result<Peer, RendezvousError> {
+    let addr = table.nodes()[m].addr;
+    let pin = table.nodes()[m].cert_sha256.as_str();
+    let conn = dial(ep, identity, cfg, addr, deadline, Some(pin))
+        .await
+        .map_err(|e| RendezvousError::Mesh {
+            node: m,
+            reason: e.to_string(),
+        })?;
+    let (mut send, recv) = open_bi_by(deadline, &conn)
         .await
         .map_err(|reason| RendezvousError::Mesh { node: m, reason })?;
-        peers.push(Peer {
-            node: m,
-            conn,
-            ctrl_send: send,
-            ctrl_recv: recv,
-        });
-    }
-    // Accept every higher node (node 0 got them all at rendezvous). Each incoming connection
-    // gets its own task and handshake bound, so lone QUIC Initials from anyone (no token
-    // needed to send one) cannot hold up the peers behind them.
-    if me != 0 {
-        let mut waiting: Vec<usize> = (me + 1..table.num_nodes()).collect();
-        let mut handshakes = tokio::task::JoinSet::new();
-        while !waiting.is_empty() {
-            tokio::select! {
-                accepted = timeout_at(deadline, ep.accept()) => {
-                    let incoming = match accepted {
-                        Ok(Some(i)) => i,
-                        Ok(None) => {
-                            return Err(RendezvousError::Mesh {
-                                node: waiting[0],
-                                reason: "the local endpoint closed while waiting for peers".into(),
-                            });
-                        }
-                        Err(_) => {
-                            return Err(RendezvousError::Mesh {
-                                node: waiting[0],
-                                reason: format!("never connected (still waiting for nodes {waiting:?})"),
-                            });
-                        }
-                    };
-                    let bound = deadline.min(Instant::now() + HANDSHAKE_BOUND);
-                    handshakes.spawn(mesh_handshake(incoming, bound));
-                }
-                Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
-                    let Ok((remote, shake)) = done else { continue };
-                    let (conn, send, recv, hello) = match shake {
-                        Ok(x) => x,
-                        Err(why) => {
-                            tracing::warn!(%remote, "refused a mesh connection: {why}");
-                            continue;
-                        }
-                    };
-                    match hello {
-                        Control::PeerHello { version, node }
-                            if version == PROTOCOL_VERSION
-                                && waiting.contains(&node)
-                                && !same_fingerprint(
-                                    &peer_sha256(&conn).unwrap_or_default(),
-                                    &table.nodes()[node].cert_sha256,
-                                ) =>
-                        {
-                            tracing::warn!(%remote, "refused a mesh connection claiming to be node {node}: its certificate is not the one the rank table names");
-                            conn.close(VarInt::from_u32(close_code::REFUSED), b"unknown certificate");
-                        }
-                        Control::PeerHello { version, node }
-                            if version == PROTOCOL_VERSION && waiting.contains(&node) =>
-                        {
-                            waiting.retain(|&w| w != node);
-                            peers.push(Peer { node, conn, ctrl_send: send, ctrl_recv: recv });
-                        }
-                        other => {
-                            tracing::warn!(%remote, "unexpected mesh hello: {other:?}");
-                            conn.close(VarInt::from_u32(close_code::PROTOCOL), b"unexpected mesh hello");
-                        }
+    send_control_by(
+        deadline,
+        &mut send,
+        &Control::PeerHello {
+            version: PROTOCOL_VERSION,
+            node: me,
+        },
+    )
+    .await
+    .map_err(|reason| RendezvousError::Mesh { node: m, reason })?;
+    Ok(Peer {
+        node: m,
+        conn,
+        ctrl_send: send,
+        ctrl_recv: recv,
+    })
+}
+
+/// Accepts every node above `me`. Each incoming connection gets its own task and handshake
+/// bound, so lone QUIC Initials from anyone (no token needed to send one) cannot hold up the
+/// peers behind them; a connection whose certificate is not the one the table names for the
+/// node it claims to be is refused.
+async fn accept_peers(
+    ep: &Endpoint,
+    table: &RankTable,
+    me: usize,
+    deadline: Instant,
+    peers: &mut Vec<Peer>,
+) -> Result<(), RendezvousError> {
+    let mut waiting: Vec<usize> = (me + 1..table.num_nodes()).collect();
+    let mut handshakes = tokio::task::JoinSet::new();
+    while !waiting.is_empty() {
+        tokio::select! {
+            accepted = timeout_at(deadline, ep.accept()) => {
+                let incoming = match accepted {
+                    Ok(Some(i)) => i,
+                    Ok(None) => {
+                        return Err(RendezvousError::Mesh {
+                            node: waiting[0],
+                            reason: "the local endpoint closed while waiting for peers".into(),
+                        });
+                    }
+                    Err(_) => {
+                        return Err(RendezvousError::Mesh {
+                            node: waiting[0],
+                            reason: format!("never connected (still waiting for nodes {waiting:?})"),
+                        });
+                    }
+                };
+                let bound = deadline.min(Instant::now() + HANDSHAKE_BOUND);
+                handshakes.spawn(mesh_handshake(incoming, bound));
+            }
+            Some(done) = handshakes.join_next(), if !handshakes.is_empty() => {
+                let Ok((remote, shake)) = done else { continue };
+                let (conn, send, recv, hello) = match shake {
+                    Ok(x) => x,
+                    Err(why) => {
+                        tracing::warn!(%remote, "refused a mesh connection: {why}");
+                        continue;
+                    }
+                };
+                match hello {
+                    Control::PeerHello { version, node }
+                        if version == PROTOCOL_VERSION
+                            && waiting.contains(&node)
+                            && !same_fingerprint(
+                                &peer_sha256(&conn).unwrap_or_default(),
+                                &table.nodes()[node].cert_sha256,
+                            ) =>
+                    {
+                        tracing::warn!(%remote, "refused a mesh connection claiming to be node {node}: its certificate is not the one the rank table names");
+                        conn.close(VarInt::from_u32(close_code::REFUSED), b"unknown certificate");
+                    }
+                    Control::PeerHello { version, node }
+                        if version == PROTOCOL_VERSION && waiting.contains(&node) =>
+                    {
+                        waiting.retain(|&w| w != node);
+                        peers.push(Peer { node, conn, ctrl_send: send, ctrl_recv: recv });
+                    }
+                    other => {
+                        tracing::warn!(%remote, "unexpected mesh hello: {other:?}");
+                        conn.close(VarInt::from_u32(close_code::PROTOCOL), b"unexpected mesh hello");
                     }
                 }
             }
         }
-        handshakes.abort_all();
     }
-    peers.sort_by_key(|p| p.node);
-    Ok(peers)
+    handshakes.abort_all();
+    Ok(())
 }
 
 /// Says goodbye to every peer so no data in flight is cut off, then closes the connections.

@@ -124,28 +124,7 @@ impl BenchArgs {
 
 /// Runs the benchmark on this node (every node of the job runs this).
 pub fn run(args: &BenchArgs) -> Result<()> {
-    let compute = args.op.split(',').any(|o| o.trim() == "compute");
-    if compute {
-        if args.op.trim() != "compute" {
-            usage!("--op compute runs alone (measure the collectives in a separate run)");
-        }
-        if args.iters == 0 {
-            usage!("--iters must be at least 1");
-        }
-        if args.backend != "quic" {
-            usage!("--op compute needs no --backend (it runs no collective)");
-        }
-        bench_compute::check(&args.compute)?;
-    }
-    let spec = if compute { None } else { Some(args.spec()?) };
-    match args.backend.as_str() {
-        "quic" => {}
-        "nccl" if cfg!(feature = "nccl") => {}
-        "nccl" => usage!(
-            "--backend nccl: this binary was built without NCCL (cargo build --features nccl)"
-        ),
-        other => usage!("--backend: {other:?} is not quic or nccl"),
-    }
+    let spec = args.checked_spec()?;
     if let Some(nodes) = args.local {
         if nodes == 0 || nodes > 64 {
             usage!("--local: {nodes} is outside 1..=64");
@@ -175,59 +154,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         format!("{rpn:?}")
     };
     let json = args.json;
-    let check = spec.check;
     let handles: Vec<_> = groups
         .into_iter()
         .map(|mut pg| {
             let spec = spec.clone();
             let header = bench::table_header(table.num_nodes(), &rpn, table.world(), &spec);
             let nccl = args.backend == "nccl";
-            std::thread::spawn(move || -> Result<Vec<BenchRow>> {
-                let leader = pg.rank() == 0;
-                if leader && !json {
-                    println!("{header}");
-                }
-                let print = |row: &BenchRow| {
-                    if leader {
-                        let line = if json {
-                            serde_json::to_string(row).expect("rows serialize")
-                        } else {
-                            bench::table_row(row, check)
-                        };
-                        let mut out = std::io::stdout().lock();
-                        let _ = writeln!(out, "{line}");
-                        let _ = out.flush();
-                    }
-                };
-                if nccl {
-                    #[cfg(feature = "nccl")]
-                    {
-                        // Global rank modulo the devices: the local rank on a node of one rank
-                        // per GPU, and distinct GPUs for `--local` nodes sharing one machine.
-                        let count = wiretrain_comm::nccl::probe()
-                            .map_err(|e| crate::cli::usage_error(format!("--backend nccl: {e}")))?;
-                        if leader && pg.table().num_nodes() > 1 {
-                            eprintln!(
-                                "wiretrain: warning: NCCL moves tensors between nodes over its own \
-                                 transports, unencrypted and unauthenticated (outside wiretrain's \
-                                 TLS): use --backend nccl only on a network you trust"
-                            );
-                        }
-                        let device = pg.rank() % count;
-                        let rows = wiretrain_comm::nccl::bench_rank(&mut pg, device, &spec, print)
-                            .map_err(|e| anyhow::anyhow!("NCCL on cuda:{device}: {e}"))?;
-                        if leader && !json {
-                            println!("{}", bench::table_footer(&rows));
-                        }
-                        return Ok(rows);
-                    }
-                }
-                let rows = bench::run_rank(&mut pg, &spec, print)?;
-                if leader && !json {
-                    println!("{}", bench::table_footer(&rows));
-                }
-                Ok(rows)
-            })
+            std::thread::spawn(move || bench_one_rank(&mut pg, &spec, &header, json, nccl))
         })
         .collect();
     let wrong: u64 = super::join_ranks(handles)?
@@ -239,6 +172,91 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         anyhow::bail!("{wrong} wrong elements");
     }
     Ok(())
+}
+
+/// One rank's benchmark (rank 0 prints the table or the JSON rows): over QUIC and shared
+/// memory, or NCCL.
+fn bench_one_rank(
+    pg: &mut wiretrain_comm::ProcessGroup,
+    spec: &bench::BenchSpec,
+    header: &str,
+    json: bool,
+    nccl: bool,
+) -> Result<Vec<BenchRow>> {
+    let check = spec.check;
+    let leader = pg.rank() == 0;
+    if leader && !json {
+        println!("{header}");
+    }
+    let print = |row: &BenchRow| {
+        if leader {
+            let line = if json {
+                serde_json::to_string(row).expect("rows serialize")
+            } else {
+                bench::table_row(row, check)
+            };
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "{line}");
+            let _ = out.flush();
+        }
+    };
+    if nccl {
+        #[cfg(feature = "nccl")]
+        {
+            // Global rank modulo the devices: the local rank on a node of one rank
+            // per GPU, and distinct GPUs for `--local` nodes sharing one machine.
+            let count = wiretrain_comm::nccl::probe()
+                .map_err(|e| crate::cli::usage_error(format!("--backend nccl: {e}")))?;
+            if leader && pg.table().num_nodes() > 1 {
+                eprintln!(
+                    "wiretrain: warning: NCCL moves tensors between nodes over its own \
+                     transports, unencrypted and unauthenticated (outside wiretrain's \
+                     TLS): use --backend nccl only on a network you trust"
+                );
+            }
+            let device = pg.rank() % count;
+            let rows = wiretrain_comm::nccl::bench_rank(pg, device, spec, print)
+                .map_err(|e| anyhow::anyhow!("NCCL on cuda:{device}: {e}"))?;
+            if leader && !json {
+                println!("{}", bench::table_footer(&rows));
+            }
+            return Ok(rows);
+        }
+    }
+    let rows = bench::run_rank(pg, spec, print)?;
+    if leader && !json {
+        println!("{}", bench::table_footer(&rows));
+    }
+    Ok(rows)
+}
+
+impl BenchArgs {
+    /// The benchmark's spec after the checks of its flags (`None`: `--op compute`).
+    fn checked_spec(&self) -> Result<Option<bench::BenchSpec>> {
+        let compute = self.op.split(',').any(|o| o.trim() == "compute");
+        if compute {
+            if self.op.trim() != "compute" {
+                usage!("--op compute runs alone (measure the collectives in a separate run)");
+            }
+            if self.iters == 0 {
+                usage!("--iters must be at least 1");
+            }
+            if self.backend != "quic" {
+                usage!("--op compute needs no --backend (it runs no collective)");
+            }
+            bench_compute::check(&self.compute)?;
+        }
+        let spec = if compute { None } else { Some(self.spec()?) };
+        match self.backend.as_str() {
+            "quic" => {}
+            "nccl" if cfg!(feature = "nccl") => {}
+            "nccl" => usage!(
+                "--backend nccl: this binary was built without NCCL (cargo build --features nccl)"
+            ),
+            other => usage!("--backend: {other:?} is not quic or nccl"),
+        }
+        Ok(spec)
+    }
 }
 
 /// `--op compute` on this node: every local rank measures at once; rank 0 prints the row.

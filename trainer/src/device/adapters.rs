@@ -297,31 +297,34 @@ pub fn assign(
         });
     }
     if !share {
-        for (second, b) in out.iter().enumerate() {
-            if let Assigned::Cuda(n) = *b
-                && let Some(first) = out[..second].iter().position(|x| *x == *b)
-            {
-                return Err(DeviceError::Shared {
-                    first,
-                    second,
-                    adapter: format!("cuda:{n}"),
-                });
-            }
-            let Assigned::Adapter(n) = *b else { continue };
-            let a = adapters.iter().find(|a| a.index == n).expect("assigned");
-            if !a.is_hardware() {
-                continue;
-            }
-            if let Some(first) = out[..second].iter().position(|x| *x == *b) {
-                return Err(DeviceError::Shared {
-                    first,
-                    second,
-                    adapter: a.describe(),
-                });
-            }
-        }
+        refuse_shared(&out, adapters)?;
     }
     Ok(out)
+}
+
+/// Two ranks on one GPU (a hardware adapter or a CUDA device) are refused, naming both.
+fn refuse_shared(out: &[Assigned], adapters: &[Adapter]) -> Result<(), DeviceError> {
+    for (second, b) in out.iter().enumerate() {
+        let adapter = match *b {
+            Assigned::Cuda(n) => format!("cuda:{n}"),
+            Assigned::Adapter(n) => {
+                let a = adapters.iter().find(|a| a.index == n).expect("assigned");
+                if !a.is_hardware() {
+                    continue;
+                }
+                a.describe()
+            }
+            _ => continue,
+        };
+        if let Some(first) = out[..second].iter().position(|x| *x == *b) {
+            return Err(DeviceError::Shared {
+                first,
+                second,
+                adapter,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The graphics APIs to try, in order. Pinning one keeps wgpu from falling back to GL.

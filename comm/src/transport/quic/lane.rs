@@ -271,66 +271,8 @@ impl LaneLinks {
         let recv = recv.get_mut(&job.prev).expect("checked above");
         let buf = job.buf;
 
-        let sender = async {
-            let mut rx = rx;
-            for f in &plan.sends {
-                if f.after > 0 && rx.wait_for(|&c| c >= f.after).await.is_err() {
-                    // The receiver is gone; try_join reports its error.
-                    return Ok(());
-                }
-                // SAFETY: this frame's range is final (received or own) and the receiver
-                // writes only the current step's recv piece, which differs from it.
-                let data = unsafe { buf.read(f.range.clone()) };
-                let payload: &[u8] = if dtype == WireDtype::F32 {
-                    bytemuck::cast_slice(data)
-                } else {
-                    codec::encode(dtype, data, enc);
-                    if f.round {
-                        // SAFETY: as above; nothing else touches this piece meanwhile.
-                        let own = unsafe { buf.write(f.range.clone()) };
-                        codec::decode(dtype, enc, own, Apply::Set);
-                    }
-                    enc
-                };
-                send.write_all(&f.header.encode())
-                    .await
-                    .map_err(Fail::Write)?;
-                send.write_all(payload).await.map_err(Fail::Write)?;
-                // A write that fits quinn's send buffer completes without yielding; let
-                // the connection driver on this worker packetize between frames.
-                tokio::task::yield_now().await;
-                sent.fetch_add(
-                    (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-            }
-            Ok::<(), Fail>(())
-        };
-
-        let receiver = async {
-            let mut hb = [0u8; FRAME_HEADER_LEN];
-            for (done, f) in plan.recvs.iter().enumerate() {
-                progress.set(f.header.step, f.header.chunk, job.prev);
-                recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
-                let got =
-                    FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE).map_err(Fail::Wire)?;
-                f.check(&got).map_err(Fail::Wire)?;
-                // SAFETY: only the receiver touches the current recv piece.
-                let dst = unsafe { buf.write(f.range.clone()) };
-                if (f.apply, dtype) == (Apply::Set, WireDtype::F32) {
-                    recv.read_exact(bytemuck::cast_slice_mut(dst))
-                        .await
-                        .map_err(Fail::Read)?;
-                } else {
-                    dec.resize(f.header.len as usize, 0);
-                    recv.read_exact(dec).await.map_err(Fail::Read)?;
-                    codec::decode(dtype, dec, dst, f.apply);
-                }
-                tx.send_replace(done + 1);
-            }
-            Ok::<(), Fail>(())
-        };
-
+        let sender = send_frames(send, &plan, buf, dtype, enc, sent, rx);
+        let receiver = recv_frames(recv, &plan, buf, dtype, dec, progress, job.prev, tx);
         match tokio::try_join!(sender, receiver) {
             Ok(_) => Ok(()),
             Err(Fail::Read(e)) => Err(self.read_err(job.prev, e).await),
@@ -399,6 +341,87 @@ impl LaneLinks {
         }
         Ok(())
     }
+}
+
+/// A ring pass's sending half: each frame once the frames it forwards have landed (the
+/// receiver counts them on `landed`), encoded in `dtype`.
+#[allow(clippy::too_many_arguments)]
+async fn send_frames(
+    send: &mut SendStream,
+    plan: &RingFrames,
+    buf: RawBuf,
+    dtype: WireDtype,
+    enc: &mut Vec<u8>,
+    sent: &AtomicU64,
+    mut landed: tokio::sync::watch::Receiver<usize>,
+) -> Result<(), Fail> {
+    for f in &plan.sends {
+        if f.after > 0 && landed.wait_for(|&c| c >= f.after).await.is_err() {
+            // The receiver is gone; try_join reports its error.
+            return Ok(());
+        }
+        // SAFETY: this frame's range is final (received or own) and the receiver writes only
+        // the current step's recv piece, which differs from it.
+        let data = unsafe { buf.read(f.range.clone()) };
+        let payload: &[u8] = if dtype == WireDtype::F32 {
+            bytemuck::cast_slice(data)
+        } else {
+            codec::encode(dtype, data, enc);
+            if f.round {
+                // SAFETY: as above; nothing else touches this piece meanwhile.
+                let own = unsafe { buf.write(f.range.clone()) };
+                codec::decode(dtype, enc, own, Apply::Set);
+            }
+            enc
+        };
+        send.write_all(&f.header.encode())
+            .await
+            .map_err(Fail::Write)?;
+        send.write_all(payload).await.map_err(Fail::Write)?;
+        // A write that fits quinn's send buffer completes without yielding; let the
+        // connection driver on this worker packetize between frames.
+        tokio::task::yield_now().await;
+        sent.fetch_add(
+            (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
+            Ordering::Relaxed,
+        );
+    }
+    Ok(())
+}
+
+/// A ring pass's receiving half: each frame's header checked against the plan, its payload
+/// copied or added into its range; the count of landed frames published on `landed`.
+#[allow(clippy::too_many_arguments)]
+async fn recv_frames(
+    recv: &mut RecvStream,
+    plan: &RingFrames,
+    buf: RawBuf,
+    dtype: WireDtype,
+    dec: &mut Vec<u8>,
+    progress: &LaneProgress,
+    prev: usize,
+    landed: tokio::sync::watch::Sender<usize>,
+) -> Result<(), Fail> {
+    let mut hb = [0u8; FRAME_HEADER_LEN];
+    for (done, f) in plan.recvs.iter().enumerate() {
+        progress.set(f.header.step, f.header.chunk, prev);
+        recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
+        let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE).map_err(Fail::Wire)?;
+        f.check(&got).map_err(Fail::Wire)?;
+        // SAFETY: only the receiver touches the current recv piece.
+        let dst = unsafe { buf.write(f.range.clone()) };
+        if (f.apply, dtype) == (Apply::Set, WireDtype::F32) {
+            recv.read_exact(bytemuck::cast_slice_mut(dst))
+                .await
+                .map_err(Fail::Read)?;
+        } else {
+            dec.resize(f.header.len as usize, 0);
+            recv.read_exact(dec).await.map_err(Fail::Read)?;
+            codec::decode(dtype, dec, dst, f.apply);
+        }
+        landed.send_replace(done + 1);
+    }
+    Ok(())
 }
 
 enum Fail {

@@ -21,40 +21,7 @@ impl<M: Module> Trainer<M> {
     /// checkpoint that does not fit this run (another model, optimizer) is an error, never
     /// skipped. `None` when there is no checkpoint. A collective.
     pub fn resume_latest(&mut self, root: &Path) -> Result<Option<Manifest>, TrainError> {
-        // Rank 0 lists the checkpoints; every rank gets its answer: the newest steps, or
-        // that it could not read the directory.
-        let mut mine = None;
-        let mut listed: Result<Vec<u64>, ()> = Ok(Vec::new());
-        if self.pg.rank() == 0 {
-            match crate::checkpoint::list_valid(root) {
-                Ok(valid) => {
-                    listed = Ok(valid
-                        .iter()
-                        .rev()
-                        .take(MAX_FALLBACK)
-                        .map(|(s, _)| *s as u64)
-                        .collect());
-                }
-                Err(e) => {
-                    listed = Err(());
-                    mine = Some(e);
-                }
-            }
-        }
-        let bytes = serde_json::to_vec(&listed).expect("a list serializes");
-        let got = self.pg.broadcast_bytes(&bytes, 0)?;
-        if let Some(e) = mine {
-            return Err(e.into());
-        }
-        let steps: Vec<usize> = match serde_json::from_slice::<Result<Vec<u64>, ()>>(&got) {
-            Ok(Ok(steps)) => steps.into_iter().map(|s| s as usize).collect(),
-            _ => {
-                return Err(OtherRank::ListUnreadable {
-                    root: root.to_path_buf(),
-                }
-                .into());
-            }
-        };
+        let steps = self.agreed_steps(root)?;
         let mut first_err = None;
         let none_listed = steps.is_empty();
         for step in steps {
@@ -113,6 +80,43 @@ impl<M: Module> Trainer<M> {
             Some(e) => Err(e),
             None if none_listed => Ok(None),
             None => Err(OtherRank::NoneLoadable {
+                root: root.to_path_buf(),
+            }
+            .into()),
+        }
+    }
+
+    /// The newest valid steps under `root`, as rank 0 lists them, on every rank (at most
+    /// [`MAX_FALLBACK`], newest first).
+    fn agreed_steps(&mut self, root: &Path) -> Result<Vec<usize>, TrainError> {
+        // Rank 0 lists the checkpoints; every rank gets its answer: the newest steps, or
+        // that it could not read the directory.
+        let mut mine = None;
+        let mut listed: Result<Vec<u64>, ()> = Ok(Vec::new());
+        if self.pg.rank() == 0 {
+            match crate::checkpoint::list_valid(root) {
+                Ok(valid) => {
+                    listed = Ok(valid
+                        .iter()
+                        .rev()
+                        .take(MAX_FALLBACK)
+                        .map(|(s, _)| *s as u64)
+                        .collect());
+                }
+                Err(e) => {
+                    listed = Err(());
+                    mine = Some(e);
+                }
+            }
+        }
+        let bytes = serde_json::to_vec(&listed).expect("a list serializes");
+        let got = self.pg.broadcast_bytes(&bytes, 0)?;
+        if let Some(e) = mine {
+            return Err(e.into());
+        }
+        match serde_json::from_slice::<Result<Vec<u64>, ()>>(&got) {
+            Ok(Ok(steps)) => Ok(steps.into_iter().map(|s| s as usize).collect()),
+            _ => Err(OtherRank::ListUnreadable {
                 root: root.to_path_buf(),
             }
             .into()),
