@@ -367,17 +367,9 @@ where
         aborter.abort(&msg);
         interrupter.fail(failure(rank, msg));
     };
-    let mut trainer = match plan.build(learner.model(), &s.device, s.cfg.clone(), pg) {
-        Ok(t) => t,
-        Err(e) => {
-            fail(e.to_string());
-            return (learner.model(), events);
-        }
-    };
     let stop = Arc::new(AtomicBool::new(false));
-    trainer.set_stop_flag(stop.clone());
-    let epoch0 = match open_sharded(&mut trainer, s, starting_epoch) {
-        Ok(e) => e,
+    let (mut trainer, epoch0) = match start(plan, learner.model(), s, pg, &stop, starting_epoch) {
+        Ok(t) => t,
         Err(msg) => {
             fail(msg);
             return (learner.model(), events);
@@ -404,44 +396,31 @@ where
         if interrupter.should_stop() {
             break;
         }
-        let model = match plan.full(&mut trainer, learner.model()) {
-            Ok(m) => m,
-            Err(e) => {
-                fail(e.to_string());
-                break;
-            }
-        };
-        if let Some(valid) = &valid {
-            valid_epoch(&model, &**valid, epoch, &mut events, &interrupter);
-        }
-        interrupter.fail_on_error(events.process_train(LearnerEvent::EndEpoch(epoch)));
-        if checkpointer.is_some() || early.is_some() {
-            interrupter.fail_on_error(events.flush());
-        }
-        if let Some((dir, keep, _)) = &s.sharded {
-            let meta = serde_json::json!({ "epoch": epoch, "learner": true });
-            if let Err(e) = trainer.save_checkpoint(dir, epoch, meta, *keep) {
-                fail(format!("checkpoint of epoch {epoch}: {e}"));
-                break;
-            }
-        }
-        if let Some(c) = &mut checkpointer {
-            learner.load_model(model.into_record());
-            c.checkpoint(&learner, epoch, &tc.event_store);
+        let flush = checkpointer.is_some() || early.is_some();
+        let r = end_epoch(
+            plan,
+            &mut trainer,
+            &mut learner,
+            valid.as_deref(),
+            (epoch, flush),
+            &mut events,
+            &interrupter,
+            &s.sharded,
+            checkpointer.as_mut().map(|c| (c, &*tc.event_store)),
+        );
+        if let Err(msg) = r {
+            fail(msg);
+            break;
         }
         // Rank 0 decides on early stopping; every rank follows.
         let leave = early
             .as_mut()
             .is_some_and(|e| e.should_stop(epoch, &tc.event_store));
-        match trainer
-            .process_group()
-            .broadcast(vec![f32::from(u8::from(leave))], 0)
-            .wait()
-        {
-            Ok(v) if v[0] > 0.0 => break,
-            Ok(_) => {}
-            Err(e) => {
-                fail(e.to_string());
+        match all_follow(&mut trainer, leave) {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(msg) => {
+                fail(msg);
                 break;
             }
         }
@@ -454,6 +433,78 @@ where
             (learner.model(), events)
         }
     }
+}
+
+/// After an epoch's steps: the whole model, validated on rank 0, the epoch's end event
+/// (flushed when a checkpointer or early stopping reads the store), the sharded checkpoint,
+/// and burn-train's own checkpoint (rank 0).
+#[allow(clippy::too_many_arguments)]
+fn end_epoch<M: LearnerModel>(
+    plan: &impl Plan<M>,
+    trainer: &mut Trainer<M>,
+    learner: &mut Learner<M>,
+    valid: Option<&dyn burn::data::dataloader::DataLoader<<M as InferenceStep>::Input>>,
+    (epoch, flush): (usize, bool),
+    events: &mut SupervisedTrainingEventProcessor<M>,
+    interrupter: &Interrupter,
+    sharded: &Option<(PathBuf, usize, bool)>,
+    checkpointer: Option<(
+        &mut burn_train::LearningCheckpointer<M>,
+        &burn_train::metric::store::EventStoreClient,
+    )>,
+) -> Result<(), String> {
+    let model = plan
+        .full(trainer, learner.model())
+        .map_err(|e| e.to_string())?;
+    if let Some(valid) = valid {
+        valid_epoch(&model, valid, epoch, events, interrupter);
+    }
+    interrupter.fail_on_error(events.process_train(LearnerEvent::EndEpoch(epoch)));
+    if flush {
+        interrupter.fail_on_error(events.flush());
+    }
+    if let Some((dir, keep, _)) = sharded {
+        let meta = serde_json::json!({ "epoch": epoch, "learner": true });
+        trainer
+            .save_checkpoint(dir, epoch, meta, *keep)
+            .map_err(|e| format!("checkpoint of epoch {epoch}: {e}"))?;
+    }
+    if let Some((c, store)) = checkpointer {
+        learner.load_model(model.into_record());
+        c.checkpoint(learner, epoch, store);
+    }
+    Ok(())
+}
+
+/// The rank's trainer, stopping on `stop`, with its sharded checkpoints opened: the trainer
+/// and the first epoch to run.
+fn start<M: LearnerModel>(
+    plan: &impl Plan<M>,
+    model: M,
+    s: &WiretrainStrategy,
+    pg: ProcessGroup,
+    stop: &Arc<AtomicBool>,
+    starting_epoch: usize,
+) -> Result<(Trainer<M>, usize), String> {
+    let mut trainer = plan
+        .build(model, &s.device, s.cfg.clone(), pg)
+        .map_err(|e| e.to_string())?;
+    trainer.set_stop_flag(stop.clone());
+    let epoch0 = open_sharded(&mut trainer, s, starting_epoch)?;
+    Ok((trainer, epoch0))
+}
+
+/// Rank 0's decision (`leave` there) on every rank.
+fn all_follow<M: burn::module::Module>(
+    trainer: &mut Trainer<M>,
+    leave: bool,
+) -> Result<bool, String> {
+    let v = trainer
+        .process_group()
+        .broadcast(vec![f32::from(u8::from(leave))], 0)
+        .wait()
+        .map_err(|e| e.to_string())?;
+    Ok(v[0] > 0.0)
 }
 
 /// The strategy's process group (once: a strategy trains once), refused with the rank and a
