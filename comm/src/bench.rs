@@ -355,42 +355,56 @@ fn run_one(
             wrong += case.wrong(pg, &buf, &copy_dst, it, root)?;
         }
     }
-    // Everyone agrees on the wrong count (sum over ranks) and the busiest rank's bytes.
-    let total_wrong = pg.all_reduce(vec![wrong as f32], ReduceOp::Sum).wait()?[0] as u64;
-    let calls = (spec.warmup + spec.iters) as u64;
-    let per_call = wire_sent / calls;
-    let mine = pg.shard_range(world);
-    let all = pg
-        .all_gather(vec![per_call as f64 as f32; mine.len()], world)
-        .wait()?;
-    let wire_bytes = all.iter().cloned().fold(0.0f32, f32::max) as u64;
-    times.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let t = if times.is_empty() {
-        0.0
-    } else {
-        times[times.len() / 2]
-    };
-    let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
-    Ok(BenchRow {
-        op: op.name(),
-        bytes,
-        nodes: pg.table().num_nodes(),
-        ranks: world,
-        time_us: t * 1e6,
-        algbw_gbps: algbw,
-        busbw_gbps: algbw * op.bus_factor(world),
-        wrong: total_wrong,
-        iters: spec.iters,
-        wire: if matches!(
-            op,
-            BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::AllGather
-        ) {
-            spec.wire.name()
+    let per_call = wire_sent / (spec.warmup + spec.iters) as u64;
+    case.row(pg, bytes, times, wrong, per_call)
+}
+
+impl Case<'_> {
+    /// The row every rank agrees on: the median of the slowest rank's times, the wrong
+    /// elements summed over ranks, the busiest rank's bytes per call.
+    fn row(
+        &self,
+        pg: &mut ProcessGroup,
+        bytes: usize,
+        mut times: Vec<f64>,
+        wrong: u64,
+        per_call: u64,
+    ) -> Result<BenchRow, Error> {
+        let (op, spec, world) = (self.op, self.spec, self.world);
+        let total_wrong = pg.all_reduce(vec![wrong as f32], ReduceOp::Sum).wait()?[0] as u64;
+        let mine = pg.shard_range(world);
+        let all = pg
+            .all_gather(vec![per_call as f64 as f32; mine.len()], world)
+            .wait()?;
+        let wire_bytes = all.iter().cloned().fold(0.0f32, f32::max) as u64;
+        times.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        let t = if times.is_empty() {
+            0.0
         } else {
-            WireDtype::F32.name()
-        },
-        wire_bytes,
-    })
+            times[times.len() / 2]
+        };
+        let algbw = if t > 0.0 { bytes as f64 / t / 1e9 } else { 0.0 };
+        Ok(BenchRow {
+            op: op.name(),
+            bytes,
+            nodes: pg.table().num_nodes(),
+            ranks: world,
+            time_us: t * 1e6,
+            algbw_gbps: algbw,
+            busbw_gbps: algbw * op.bus_factor(world),
+            wrong: total_wrong,
+            iters: spec.iters,
+            wire: if matches!(
+                op,
+                BenchOp::AllReduce | BenchOp::ReduceScatter | BenchOp::AllGather
+            ) {
+                spec.wire.name()
+            } else {
+                WireDtype::F32.name()
+            },
+            wire_bytes,
+        })
+    }
 }
 
 /// Runs the whole spec on this rank. Every rank of the job must call it with the same spec.

@@ -11,7 +11,7 @@ use crate::algo::{Program, Scope, Scopes, ring};
 use crate::error::{CollectiveError, Error, TransportError};
 use crate::topology::RankTable;
 use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
-use crate::transport::quic::{LaneLinks, RawBuf, RingJob};
+use crate::transport::quic::{LaneError, LaneLinks, RawBuf, RingJob};
 use crate::wire::WireDtype;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,6 +66,28 @@ impl From<LaneTask<'_>> for OwnedLaneTask {
                 from,
                 to,
             },
+        }
+    }
+}
+
+impl OwnedLaneTask {
+    /// Runs the task on `lane` (`code`, `seq`: the call a chain's frames carry).
+    async fn run(self, lane: &mut LaneLinks, code: u8, seq: u64) -> Result<(), LaneError> {
+        match self {
+            OwnedLaneTask::Ring { job, pieces, steps } => {
+                let job = RingJob {
+                    pieces: &pieces,
+                    steps: &steps,
+                    ..job
+                };
+                lane.ring(job).await
+            }
+            OwnedLaneTask::Chain {
+                buf,
+                pieces,
+                from,
+                to,
+            } => lane.chain(buf, &pieces, from, to, code, seq).await,
         }
     }
 }
@@ -222,24 +244,7 @@ impl Executor {
         // SAFETY (the buffer behind `RawBuf`): this thread blocks until the task has finished,
         // so the caller's buffer outlives every access the task makes.
         let handle = self.rt.spawn(async move {
-            let res = match owned {
-                OwnedLaneTask::Ring { job, pieces, steps } => {
-                    let job = RingJob {
-                        pieces: &pieces,
-                        steps: &steps,
-                        ..job
-                    };
-                    tokio::time::timeout(left, lane.ring(job)).await
-                }
-                OwnedLaneTask::Chain {
-                    buf,
-                    pieces,
-                    from,
-                    to,
-                } => {
-                    tokio::time::timeout(left, lane.chain(buf, &pieces, from, to, code, seq)).await
-                }
-            };
+            let res = tokio::time::timeout(left, owned.run(&mut lane, code, seq)).await;
             (lane, res)
         });
         let res = match self.rt.block_on(handle) {

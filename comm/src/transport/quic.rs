@@ -154,7 +154,7 @@ pub fn describe_conn_error(e: &ConnectionError) -> String {
 
 mod lane;
 
-pub(crate) use lane::{LaneLinks, RawBuf, RingJob};
+pub(crate) use lane::{LaneError, LaneLinks, RawBuf, RingJob};
 
 #[cfg(test)]
 mod tests {

@@ -67,6 +67,39 @@ fn find_program(p: &Path) -> Result<PathBuf> {
     })
 }
 
+/// What every node runs: `train` or `bench` of this binary (whose rendezvous flags launch
+/// sets), or another program.
+fn target_of(args: &LaunchArgs) -> Result<Target> {
+    let first = args.command[0].clone();
+    if first != "train" && first != "bench" {
+        return Ok(Target {
+            program: Some(find_program(Path::new(&first))?),
+            args: args.command[1..].to_vec(),
+            ranks_per_node: args.ranks_per_node,
+        });
+    }
+    for flag in [
+        "--nnodes",
+        "--node-rank",
+        "--master",
+        "--ranks-per-node",
+        "--local",
+    ] {
+        if args
+            .command
+            .iter()
+            .any(|a| a.to_string_lossy().split('=').next() == Some(flag))
+        {
+            usage!("--: {flag} is set by launch; remove it from the node command");
+        }
+    }
+    Ok(Target {
+        program: None,
+        args: args.command.clone(),
+        ranks_per_node: args.ranks_per_node,
+    })
+}
+
 pub fn run(args: &LaunchArgs) -> Result<()> {
     if args.ranks_per_node == 0 || args.ranks_per_node > 1024 {
         usage!(
@@ -74,36 +107,7 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
             args.ranks_per_node
         );
     }
-    let first = args.command[0].clone();
-    let own = first == "train" || first == "bench";
-    let target = if own {
-        for flag in [
-            "--nnodes",
-            "--node-rank",
-            "--master",
-            "--ranks-per-node",
-            "--local",
-        ] {
-            if args
-                .command
-                .iter()
-                .any(|a| a.to_string_lossy().split('=').next() == Some(flag))
-            {
-                usage!("--: {flag} is set by launch; remove it from the node command");
-            }
-        }
-        Target {
-            program: None,
-            args: args.command.clone(),
-            ranks_per_node: args.ranks_per_node,
-        }
-    } else {
-        Target {
-            program: Some(find_program(Path::new(&first))?),
-            args: args.command[1..].to_vec(),
-            ranks_per_node: args.ranks_per_node,
-        }
-    };
+    let target = target_of(args)?;
     let grace = Duration::from_secs_f64(args.grace.clamp(1.0, 600.0));
     let res = match args.local {
         Some(n) => {

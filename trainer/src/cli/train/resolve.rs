@@ -102,14 +102,7 @@ impl TrainArgs {
             .parse()
             .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
         let (strategy, diloco) = self.strategy(&file)?;
-        let device = self
-            .device
-            .clone()
-            .or(file.device.clone())
-            .unwrap_or_else(|| "auto".into());
-        // One spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
-        let device: Vec<DeviceSpec> =
-            parse_specs(&device).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
+        let device = self.device(&file)?;
         let share_device = self.share_device || file.share_device.unwrap_or(false);
         let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
         let steps = self.steps.or(file.steps).unwrap_or(100);
@@ -123,16 +116,7 @@ impl TrainArgs {
         }
         wiretrain::fit::check_accumulate(accumulate, strategy)
             .map_err(|e| crate::cli::usage_error(format!("--accumulate: {e}")))?;
-        let d_model = self.d_model.or(file.d_model).unwrap_or(64);
-        if d_model == 0 || !d_model.is_multiple_of(4) || d_model > 8192 {
-            usage!(
-                "--d-model: {d_model} must be a positive multiple of 4 (the heads), at most 8192"
-            );
-        }
-        let layers = self.layers.or(file.layers).unwrap_or(2);
-        if !(1..=64).contains(&layers) {
-            usage!("--layers: {layers} is outside 1..=64");
-        }
+        let (d_model, layers) = self.model_size(&file)?;
         let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
         let wire: WireDtype = self
             .wire_dtype
@@ -182,6 +166,31 @@ impl TrainArgs {
             d_model,
             layers,
         })
+    }
+
+    /// One device spec for every rank of the node, or one per local rank ("wgpu:cpu,cpu").
+    fn device(&self, file: &FileConfig) -> Result<Vec<DeviceSpec>> {
+        let device = self
+            .device
+            .clone()
+            .or(file.device.clone())
+            .unwrap_or_else(|| "auto".into());
+        parse_specs(&device).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))
+    }
+
+    /// The char-lm example's width and depth.
+    fn model_size(&self, file: &FileConfig) -> Result<(usize, usize)> {
+        let d_model = self.d_model.or(file.d_model).unwrap_or(64);
+        if d_model == 0 || !d_model.is_multiple_of(4) || d_model > 8192 {
+            usage!(
+                "--d-model: {d_model} must be a positive multiple of 4 (the heads), at most 8192"
+            );
+        }
+        let layers = self.layers.or(file.layers).unwrap_or(2);
+        if !(1..=64).contains(&layers) {
+            usage!("--layers: {layers} is outside 1..=64");
+        }
+        Ok((d_model, layers))
     }
 
     /// `--config`'s settings (none without it).
