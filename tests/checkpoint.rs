@@ -11,17 +11,16 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::ckpt::{dir, launch_args, run_ok, s};
+use common::ckpt::{dir, flip_a_bit, launch_args, run_ok, s};
+use common::read_f32;
 
 /// (step, loss) of every step line.
 fn losses(p: &Path) -> Vec<(usize, f64)> {
-    std::fs::read_to_string(p)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+    common::jsonl(p)
+        .into_iter()
         .filter(|v| v.get("summary").is_none())
         .map(|v| {
             (
@@ -32,12 +31,13 @@ fn losses(p: &Path) -> Vec<(usize, f64)> {
         .collect()
 }
 
-fn read_f32(p: &Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+/// `wiretrain export --checkpoint <ck> --out <out>`.
+fn export(ck: &Path, out: &Path) -> Output {
+    common::run(
+        &["export", "--checkpoint", s(ck), "--out", s(out)],
+        &[],
+        Duration::from_secs(60),
+    )
 }
 
 #[test]
@@ -143,11 +143,7 @@ fn resume_reshards_across_world_sizes_and_strategies() {
 
     // Export the final checkpoint and load it into the module with Burn's own store.
     let model = d.join("model.safetensors");
-    let out = common::run(
-        &["export", "--checkpoint", s(&ck), "--out", s(&model)],
-        &[],
-        Duration::from_secs(60),
-    );
+    let out = export(&ck, &model);
     assert!(out.status.success(), "{}", common::text(&out));
     use burn::store::{ModuleSnapshot, SafetensorsStore};
     let device = burn::tensor::Device::flex();
@@ -242,24 +238,16 @@ fn kill_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_with_a_node
         40,
         &["--checkpoint-every", "5", "--checkpoint-dir", s(&ck)],
     );
-    let mut child = Command::new(common::bin())
-        .args(&args)
-        // The checkpoint of step 10 stalls for 20 s between the shard files and the manifest.
-        .env("WIRETRAIN_TEST_STALL_CHECKPOINT", "10:20000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let t0 = Instant::now();
+    // The checkpoint of step 10 stalls for 20 s between the shard files and the manifest.
+    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_STALL_CHECKPOINT", "10:20000")]);
     let step10 = ck.join("step-00000010");
-    while !step10.join("shard-00002.safetensors").exists() {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no checkpoint write within 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let shard = step10.join("shard-00002.safetensors");
+    common::wait_until(
+        &mut child,
+        Duration::from_secs(120),
+        "checkpoint write",
+        || shard.exists(),
+    );
     let Some(victim) = common::node_pid(child.id(), 2) else {
         let _ = child.kill();
         let _ = child.wait();
@@ -271,29 +259,17 @@ fn kill_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_with_a_node
         return;
     };
     let killed_at = Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-9", &victim.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    common::signal(victim, "-9");
     // The survivors notice the dead node once their stall ends and exit non-zero.
-    while child.try_wait().unwrap().is_none() {
-        assert!(
-            killed_at.elapsed() < Duration::from_secs(80),
-            "the job hangs after kill -9"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let detected = killed_at.elapsed();
-    let out = child.wait_with_output().unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    eprintln!(
-        "job exited {detected:?} after kill -9 of node 2 ({}):\n{err}",
-        out.status
+    let status = common::wait_exit_or(
+        &mut child,
+        Duration::from_secs(80),
+        "the job hangs after kill -9",
     );
-    assert!(!out.status.success(), "{err}");
+    let detected = killed_at.elapsed();
+    let err = common::stderr_of(&mut child);
+    eprintln!("job exited {detected:?} after kill -9 of node 2 ({status}):\n{err}");
+    assert!(!status.success(), "{err}");
     assert!(err.contains("node 2"), "the dead node is named: {err}");
     assert!(
         !step10.join("manifest.json").exists(),
@@ -325,30 +301,16 @@ fn a_corrupted_shard_is_named_and_never_loaded() {
     let ck = d.join("ck");
     run_ok(&launch_args(2, "zero1", 4, &["--checkpoint-dir", s(&ck)]));
     let shard = ck.join("step-00000004").join("shard-00001.safetensors");
-    let mut bytes = std::fs::read(&shard).unwrap();
-    let mid = bytes.len() - 8;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&shard, &bytes).unwrap();
+    let bytes = flip_a_bit(&shard);
     let args = launch_args(2, "zero1", 8, &["--checkpoint-dir", s(&ck), "--resume"]);
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = common::run(&a, &[], Duration::from_secs(120));
+    let out = common::run(&args, &[], Duration::from_secs(120));
     let text = common::text(&out);
     assert!(!out.status.success(), "{text}");
     assert!(
         text.contains("shard-00001.safetensors") && text.contains("checksum mismatch"),
         "{text}"
     );
-    let out = common::run(
-        &[
-            "export",
-            "--checkpoint",
-            s(&ck),
-            "--out",
-            s(&d.join("x.safetensors")),
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
+    let out = export(&ck, &d.join("x.safetensors"));
     let text = common::text(&out);
     assert!(
         !out.status.success() && text.contains("shard-00001.safetensors"),
@@ -363,23 +325,14 @@ fn a_corrupted_shard_is_named_and_never_loaded() {
 #[test]
 fn checkpoint_flags_are_checked() {
     for (args, want) in [
+        ("train --checkpoint-every 5", "need --checkpoint-dir"),
+        ("train --resume", "need --checkpoint-dir"),
         (
-            vec!["train", "--checkpoint-every", "5"],
-            "need --checkpoint-dir",
-        ),
-        (vec!["train", "--resume"], "need --checkpoint-dir"),
-        (
-            vec![
-                "train",
-                "--checkpoint-dir",
-                "/tmp/x",
-                "--checkpoint-every",
-                "0",
-            ],
+            "train --checkpoint-dir /tmp/x --checkpoint-every 0",
             "at least 1",
         ),
     ] {
-        let err = common::refused(&args);
+        let err = common::refused(&common::words(args));
         assert!(err.contains(want), "{err}");
     }
 }
@@ -395,10 +348,9 @@ fn a_slow_node_within_the_collective_timeout_is_not_declared_dead() {
     let d = dir("slow");
     let m = d.join("m.jsonl");
     let args = launch_args(2, "zero2", 6, &["--metrics", s(&m)]);
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
     let t0 = Instant::now();
     let out = common::run(
-        &a,
+        &args,
         &[("WIRETRAIN_TEST_SLOW_STEP", "1:2:15000")],
         Duration::from_secs(180),
     );
@@ -422,7 +374,6 @@ fn a_fresh_run_never_mixes_with_an_earlier_runs_checkpoints() {
     let before = manifest(&ck).unwrap();
     // A fresh run in the used directory: refused, exit 2, nothing touched.
     let a = ckpt(6, &["--checkpoint-every", "3"]);
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
     let out = common::run(&a, &[], Duration::from_secs(120));
     let text = common::text(&out);
     assert_eq!(out.status.code(), Some(2), "{text}");
@@ -539,10 +490,7 @@ fn a_corrupt_newest_checkpoint_falls_back_to_the_one_before() {
         &["--checkpoint-every", "5", "--checkpoint-dir", s(&ck)],
     ));
     let shard = ck.join("step-00000010").join("shard-00001.safetensors");
-    let mut bytes = std::fs::read(&shard).unwrap();
-    let mid = bytes.len() - 8;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&shard, &bytes).unwrap();
+    let bytes = flip_a_bit(&shard);
     let m = d.join("m.jsonl");
     let err = run_ok(&launch_args(
         2,
@@ -619,18 +567,14 @@ fn a_checkpoint_write_slower_than_the_collective_timeout_completes() {
         )
     };
     let stall = [("WIRETRAIN_TEST_STALL_CHECKPOINT", "5:6000:1")];
-    let a = args("30");
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let out = common::run(&a, &stall, Duration::from_secs(120));
+    let out = common::run(&args("30"), &stall, Duration::from_secs(120));
     assert!(out.status.success(), "{}", common::text(&out));
     let m = wiretrain::checkpoint::Checkpoint::open(&ck.join("step-00000005")).unwrap();
     let writers: Vec<usize> = m.manifest.files.iter().map(|f| f.rank).collect();
     assert_eq!(writers, [0, 1], "every DDP rank writes its share");
     // The control: a checkpoint timeout shorter than the stall fails at the collective timeout.
     let _ = std::fs::remove_dir_all(&ck);
-    let a = args("1");
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let out = common::run(&a, &stall, Duration::from_secs(120));
+    let out = common::run(&args("1"), &stall, Duration::from_secs(120));
     let text = common::text(&out);
     assert!(!out.status.success(), "{text}");
     // Rank 0 waits for the slow writer under the 2 s collective timeout, and says so.

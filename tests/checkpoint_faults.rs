@@ -8,41 +8,45 @@
 
 mod common;
 
-use common::ckpt::{dir, launch_args, s};
+use common::ckpt::{dir, flip_a_bit, launch_args, s};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use wiretrain::checkpoint::Checkpoint;
 
 /// One node process of the mlp example on the CPU backend.
 fn train_args(steps: usize, ck: &Path, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
+    let steps = steps.to_string();
+    let mut a = vec![
         "train",
         "--example",
         "mlp",
         "--steps",
-        &steps.to_string(),
+        &steps,
         "--seed",
         "3",
-        "--device",
-        "cpu",
-        "--no-progress",
-        "--checkpoint-every",
-        "5",
-        "--checkpoint-dir",
-        s(ck),
-    ]
-    .iter()
-    .map(|x| x.to_string())
-    .collect();
-    a.extend(extra.iter().map(|x| x.to_string()));
-    a
+    ];
+    a.extend(["--device", "cpu", "--no-progress"]);
+    a.extend(["--checkpoint-every", "5", "--checkpoint-dir", s(ck)]);
+    a.extend_from_slice(extra);
+    a.into_iter().map(String::from).collect()
 }
 
-fn run(args: &[String]) -> (bool, String) {
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = common::run(&a, &[], Duration::from_secs(120));
+fn run<S: AsRef<std::ffi::OsStr> + std::fmt::Debug>(args: &[S]) -> (bool, String) {
+    let out = common::run(args, &[], Duration::from_secs(120));
     (out.status.success(), common::text(&out))
+}
+
+/// Resumes the run of [`train_args`] from `ck` to `steps` keeping `keep` checkpoints, which must
+/// succeed and say `at`.
+fn resume(steps: usize, ck: &Path, keep: &str, at: &str) {
+    let (ok, text) = run(&train_args(
+        steps,
+        ck,
+        &["--checkpoint-keep", keep, "--resume"],
+    ));
+    assert!(ok, "{text}");
+    assert!(text.contains(at), "{text}");
 }
 
 fn entries(d: &Path) -> Vec<String> {
@@ -71,12 +75,9 @@ fn kill_during_prune_keeps_the_newest_checkpoint_and_the_next_prune_finishes() {
         .spawn()
         .unwrap();
     let doomed = ck.join(".removing-step-00000005");
-    let t0 = Instant::now();
-    while !doomed.exists() {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        assert!(t0.elapsed() < Duration::from_secs(60), "no prune in 60 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    common::wait_until(&mut child, Duration::from_secs(60), "prune", || {
+        doomed.exists()
+    });
     child.kill().unwrap(); // SIGKILL
     child.wait().unwrap();
     assert_eq!(
@@ -89,13 +90,7 @@ fn kill_during_prune_keeps_the_newest_checkpoint_and_the_next_prune_finishes() {
     assert_eq!(c.read_params().unwrap().len(), c.manifest.total);
 
     // Resume (no stall now): it loads step 10, and its first prune removes the debris.
-    let (ok, text) = run(&train_args(
-        20,
-        &ck,
-        &["--checkpoint-keep", "1", "--resume"],
-    ));
-    assert!(ok, "{text}");
-    assert!(text.contains("at step 10 "), "{text}");
+    resume(20, &ck, "1", "at step 10 ");
     assert_eq!(entries(&ck), ["step-00000020"]);
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -175,13 +170,7 @@ fn a_full_disk_during_a_shard_write_keeps_the_older_checkpoint_and_says_so() {
             .unwrap()
             .success()
     );
-    let (ok, text) = run(&train_args(
-        15,
-        &ck,
-        &["--checkpoint-keep", "3", "--resume"],
-    ));
-    assert!(ok, "{text}");
-    assert!(text.contains("at step 5 "), "{text}");
+    resume(15, &ck, "3", "at step 5 ");
     assert_eq!(Checkpoint::open(&ck).unwrap().manifest.step, 15);
     drop(_unmount);
     let _ = std::fs::remove_dir_all(&d);
@@ -194,11 +183,7 @@ fn one_rank_failing_to_load_under_zero2_fails_every_rank_with_its_error() {
     let (ok, text) = run(&launch_args(2, "zero2", 4, &["--checkpoint-dir", s(&ck)]));
     assert!(ok, "{text}");
     // Rank 1's own shard of the only checkpoint is corrupt.
-    let shard = ck.join("step-00000004").join("shard-00001.safetensors");
-    let mut bytes = std::fs::read(&shard).unwrap();
-    let mid = bytes.len() - 8;
-    bytes[mid] ^= 0x40;
-    std::fs::write(&shard, &bytes).unwrap();
+    flip_a_bit(&ck.join("step-00000004").join("shard-00001.safetensors"));
     let (ok, text) = run(&launch_args(
         2,
         "zero2",
@@ -225,8 +210,8 @@ fn one_rank_failing_to_load_under_zero2_fails_every_rank_with_its_error() {
 fn a_checkpoint_of_another_model_is_refused_naming_the_parameter() {
     let d = dir("other-model");
     let ck = d.join("ck");
-    let args = |width: &str, extra: &[&str]| -> Vec<String> {
-        let mut a: Vec<String> = [
+    let args = |width: &'static str, extra: &[&'static str]| {
+        let mut a = vec![
             "train",
             "--example",
             "char-lm",
@@ -234,16 +219,15 @@ fn a_checkpoint_of_another_model_is_refused_naming_the_parameter() {
             "2",
             "--device",
             "cpu",
+        ];
+        a.extend([
             "--no-progress",
             "--d-model",
             width,
             "--checkpoint-dir",
             s(&ck),
-        ]
-        .iter()
-        .map(|x| x.to_string())
-        .collect();
-        a.extend(extra.iter().map(|x| x.to_string()));
+        ]);
+        a.extend_from_slice(extra);
         a
     };
     let (ok, text) = run(&args("64", &[]));

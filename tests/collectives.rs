@@ -13,32 +13,12 @@ fn check(nodes: usize, ranks: usize, bytes: &str, iters: usize, reduce: &str) {
     let nodes_s = nodes.to_string();
     let ranks_s = ranks.to_string();
     let iters_s = iters.to_string();
-    let args = [
-        "bench",
-        "--op",
-        OPS,
-        "--bytes",
-        bytes,
-        "--iters",
-        &iters_s,
-        "--warmup",
-        "0",
-        "--check",
-        "--json",
-        "--reduce",
-        reduce,
-        "--local",
-        &nodes_s,
-        "--ranks-per-node",
-        &ranks_s,
-        "--collective-timeout",
-        "120",
-    ];
-    let out = common::run(&args, &[], Duration::from_secs(600));
-    assert!(out.status.success(), "{}", common::text(&out));
-    let rows = common::rows(&out);
+    let mut args = vec!["bench", "--op", OPS, "--bytes", bytes, "--iters", &iters_s];
+    args.extend(["--warmup", "0", "--check", "--json", "--reduce", reduce]);
+    args.extend(["--local", &nodes_s, "--ranks-per-node", &ranks_s]);
+    args.extend(["--collective-timeout", "120"]);
     let sizes = bytes.split(',').count();
-    assert_eq!(rows.len(), 4 * sizes, "{}", common::text(&out));
+    let rows = common::json_rows(&args, Duration::from_secs(600), 4 * sizes);
     for r in &rows {
         assert_eq!(r["wrong"], 0, "wrong elements in {r}");
         assert_eq!(r["nodes"], nodes as u64);
@@ -53,43 +33,28 @@ fn check(nodes: usize, ranks: usize, bytes: &str, iters: usize, reduce: &str) {
 /// 0, 1, 7 and 1_000_003 (prime) elements, 100 calls each.
 const SMALL: &str = "0,4,28,4000012";
 
-#[test]
-fn shape_1x1() {
-    check(1, 1, SMALL, 100, "sum");
-    check(1, 1, "64M", 1, "mean");
+/// One test per shape `NODES x RANKS`, each running `check` for every (bytes, iters, reduce).
+macro_rules! shapes {
+    ($(
+        $name:ident: $nodes:literal x $ranks:literal =>
+            [$(($bytes:expr, $iters:literal, $reduce:literal)),+]
+    )+) => {
+        $(
+            #[test]
+            fn $name() {
+                $(check($nodes, $ranks, $bytes, $iters, $reduce);)+
+            }
+        )+
+    };
 }
 
-#[test]
-fn shape_1x4() {
-    check(1, 4, SMALL, 100, "sum");
-    check(1, 4, SMALL, 100, "mean");
-    check(1, 4, "64M", 2, "sum");
-}
-
-#[test]
-fn shape_2x1() {
-    check(2, 1, SMALL, 100, "sum");
-    check(2, 1, SMALL, 100, "mean");
-    check(2, 1, "64M", 1, "mean");
-}
-
-#[test]
-fn shape_2x2() {
-    check(2, 2, SMALL, 100, "sum");
-    check(2, 2, SMALL, 100, "mean");
-    check(2, 2, "64M", 1, "sum");
-}
-
-#[test]
-fn shape_3x1() {
-    check(3, 1, SMALL, 100, "mean");
-    check(3, 1, "64M", 1, "sum");
-}
-
-#[test]
-fn shape_4x2() {
-    check(4, 2, SMALL, 100, "sum");
-    check(4, 2, "64M", 1, "mean");
+shapes! {
+    shape_1x1: 1 x 1 => [(SMALL, 100, "sum"), ("64M", 1, "mean")]
+    shape_1x4: 1 x 4 => [(SMALL, 100, "sum"), (SMALL, 100, "mean"), ("64M", 2, "sum")]
+    shape_2x1: 2 x 1 => [(SMALL, 100, "sum"), (SMALL, 100, "mean"), ("64M", 1, "mean")]
+    shape_2x2: 2 x 2 => [(SMALL, 100, "sum"), (SMALL, 100, "mean"), ("64M", 1, "sum")]
+    shape_3x1: 3 x 1 => [(SMALL, 100, "mean"), ("64M", 1, "sum")]
+    shape_4x2: 4 x 2 => [(SMALL, 100, "sum"), ("64M", 1, "mean")]
 }
 
 #[test]
@@ -128,30 +93,18 @@ fn bench_prints_an_nccl_tests_table() {
 /// the rest of every buffer is untouched (3 nodes, so the previous and the next node differ).
 #[test]
 fn p2p_rows_are_checked() {
-    let out = common::run(
-        &[
-            "bench",
-            "--op",
-            "p2p",
-            "--bytes",
-            "4,28,4000012",
-            "--iters",
-            "5",
-            "--warmup",
-            "0",
-            "--check",
-            "--json",
-            "--local",
-            "3",
-            "--ranks-per-node",
-            "2",
-        ],
-        &[],
-        Duration::from_secs(300),
-    );
-    assert!(out.status.success(), "{}", common::text(&out));
-    let rows = common::rows(&out);
-    assert_eq!(rows.len(), 3, "{}", common::text(&out));
+    let mut args = vec![
+        "bench",
+        "--op",
+        "p2p",
+        "--bytes",
+        "4,28,4000012",
+        "--iters",
+        "5",
+    ];
+    args.extend(["--warmup", "0", "--check", "--json"]);
+    args.extend(["--local", "3", "--ranks-per-node", "2"]);
+    let rows = common::json_rows(&args, Duration::from_secs(300), 3);
     for r in &rows {
         assert_eq!(r["op"], "p2p", "{r}");
         assert_eq!(r["wrong"], 0, "wrong elements in {r}");

@@ -30,25 +30,15 @@ fn steps(v: &[serde_json::Value]) -> Vec<&serde_json::Value> {
 
 #[test]
 fn one_node_diloco_is_ddp() {
-    let base = [
-        "launch",
-        "--local",
+    let base = common::local_train(
         "1",
-        "--ranks-per-node",
         "2",
-        "--",
-        "train",
-        "--example",
-        "mlp",
-        "--steps",
-        "12",
-        "--global-batch",
-        "32",
-    ];
-    let mut d = base.to_vec();
+        &["--example", "mlp", "--steps", "12", "--global-batch", "32"],
+    );
+    let mut d = base.clone();
     d.extend(["--strategy", "ddp"]);
     let ddp = run(&d, "ddp");
-    let mut l = base.to_vec();
+    let mut l = base;
     l.extend([
         "--strategy",
         "diloco",
@@ -153,22 +143,19 @@ fn bad_diloco_settings_are_refused() {
 
 /// `launch --local nodes --ranks-per-node 2 -- train` of the mlp example under DiLoCo
 /// (H = 3) for `steps`; `strategy` is ddp, or diloco with its inner strategy after a colon.
-fn diloco_args(nodes: &str, strategy: &str, steps: &str, extra: &[String]) -> Vec<String> {
+fn diloco_args<'a>(
+    nodes: &'a str,
+    strategy: &'a str,
+    steps: &'a str,
+    extra: &[&'a str],
+) -> Vec<&'a str> {
     let (strategy, inner) = strategy.split_once(':').unwrap_or((strategy, "ddp"));
-    let mut a: Vec<String> = [
-        "launch",
-        "--local",
+    let mut a = common::local_train(
         nodes,
-        "--ranks-per-node",
         "2",
-        "--",
-        "train",
-        "--example",
-        "mlp",
-        "--steps",
-        steps,
-        "--global-batch",
-        "48",
+        &["--example", "mlp", "--steps", steps, "--global-batch", "48"],
+    );
+    a.extend([
         "--lr",
         "0.01",
         "--seed",
@@ -176,39 +163,24 @@ fn diloco_args(nodes: &str, strategy: &str, steps: &str, extra: &[String]) -> Ve
         "--device",
         "cpu",
         "--no-progress",
-        "--strategy",
-        strategy,
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    ]);
+    a.extend(["--strategy", strategy]);
     if strategy == "diloco" {
-        a.extend(
-            [
-                "--inner-steps",
-                "3",
-                "--outer-momentum",
-                "0.5",
-                "--inner-strategy",
-                inner,
-            ]
-            .map(String::from),
-        );
+        a.extend(["--inner-steps", "3", "--outer-momentum", "0.5"]);
+        a.extend(["--inner-strategy", inner]);
     }
-    a.extend(extra.iter().cloned());
+    a.extend_from_slice(extra);
     a
 }
 
-fn run_args(a: &[String]) -> std::process::Output {
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    common::run(&a, &[], Duration::from_secs(300))
+fn run_args(a: &[&str]) -> std::process::Output {
+    common::run(a, &[], Duration::from_secs(300))
 }
 
 /// Runs `a` (which must succeed) with metrics; returns (step, loss) of every step.
-fn step_losses(name: &str, a: &[String]) -> Vec<(u64, f64)> {
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+fn step_losses(name: &str, a: &[&str]) -> Vec<(u64, f64)> {
     let name = name.replace(':', "-");
-    let v = common::train_metrics(&name, &a, &[], Duration::from_secs(300));
+    let v = common::train_metrics(&name, a, &[], Duration::from_secs(300));
     steps(&v)
         .iter()
         .map(|v| (v["step"].as_u64().unwrap(), v["loss"].as_f64().unwrap()))
@@ -226,25 +198,14 @@ fn sharded_inside_the_node_checkpoints_resume_too() {
 }
 
 fn resume_case(strategy: &str) {
-    let d = std::env::temp_dir().join(format!(
-        "wiretrain-diloco-ck-{}-{}",
-        std::process::id(),
-        strategy.replace(':', "-")
-    ));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::fresh_dir("diloco-ck", &strategy.replace(':', "-"));
     let p = |n: &str| d.join(n).to_str().unwrap().to_string();
-    let ck = p("ck");
+    let (ck, base, b) = (p("ck"), p("base.f32"), p("b.f32"));
 
     // 10 steps straight through: outer steps after steps 3, 6 and 9.
     let lb = step_losses(
         &format!("resume-base-{strategy}"),
-        &diloco_args(
-            "2",
-            strategy,
-            "10",
-            &["--save-params".into(), p("base.f32")],
-        ),
+        &diloco_args("2", strategy, "10", &["--save-params", &base]),
     );
 
     // 8 steps with checkpoints at 4 and 8 (8 is one inner step into the third round), then
@@ -253,12 +214,7 @@ fn resume_case(strategy: &str) {
         "2",
         strategy,
         "8",
-        &[
-            "--checkpoint-every".into(),
-            "4".into(),
-            "--checkpoint-dir".into(),
-            ck.clone(),
-        ],
+        &["--checkpoint-every", "4", "--checkpoint-dir", &ck],
     ));
     assert!(a.status.success(), "{}", common::text(&a));
     let manifest: serde_json::Value = serde_json::from_str(
@@ -280,13 +236,7 @@ fn resume_case(strategy: &str) {
             "2",
             strategy,
             "10",
-            &[
-                "--checkpoint-dir".into(),
-                ck.clone(),
-                "--resume".into(),
-                "--save-params".into(),
-                p("b.f32"),
-            ],
+            &["--checkpoint-dir", &ck, "--resume", "--save-params", &b],
         ),
     );
     assert_eq!(lr.len(), 2, "resumed at step 8: {lr:?}");
@@ -305,7 +255,7 @@ fn resume_case(strategy: &str) {
         "3",
         strategy,
         "10",
-        &["--checkpoint-dir".into(), ck.clone(), "--resume".into()],
+        &["--checkpoint-dir", &ck, "--resume"],
     ));
     assert!(!three.status.success());
     let t = common::text(&three);
@@ -319,7 +269,7 @@ fn resume_case(strategy: &str) {
         "3",
         "ddp",
         "10",
-        &["--checkpoint-dir".into(), ck.clone(), "--resume".into()],
+        &["--checkpoint-dir", &ck, "--resume"],
     ));
     assert!(ddp.status.success(), "{}", common::text(&ddp));
     let _ = std::fs::remove_dir_all(&d);
@@ -332,8 +282,8 @@ fn sharding_inside_the_node_matches_ddp_inside_it() {
     let runs: Vec<Vec<serde_json::Value>> = ["ddp", "hybrid"]
         .iter()
         .map(|inner| {
-            let a = diloco_args("2", &format!("diloco:{inner}"), "9", &[]);
-            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            let strategy = format!("diloco:{inner}");
+            let a = diloco_args("2", &strategy, "9", &[]);
             common::train_metrics(&format!("inner-{inner}"), &a, &[], Duration::from_secs(300))
         })
         .collect();

@@ -5,17 +5,14 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 /// A job token that passes the strength check.
 const TOK: &str = "faults-0123456789abcdef0123456789abcdef";
 
 fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-faults-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("faults", name)
 }
 
 fn spawn(args: &[&str], token: &str) -> Child {
@@ -23,13 +20,7 @@ fn spawn(args: &[&str], token: &str) -> Child {
 }
 
 fn spawn_env(args: &[&str], envs: &[(&str, &str)]) -> Child {
-    Command::new(common::bin())
-        .args(args)
-        .envs(envs.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn wiretrain")
+    common::spawn_with(args, envs, Stdio::piped())
 }
 
 /// Starts node 0 of a 2-node bench and returns it with its address.
@@ -37,20 +28,23 @@ fn node0(dir: &std::path::Path, token: &str, extra: &[&str]) -> (Child, String) 
     node0_env(dir, &[("WIRETRAIN_TOKEN", token)], extra)
 }
 
-fn node0_env(dir: &std::path::Path, envs: &[(&str, &str)], extra: &[&str]) -> (Child, String) {
-    let addr_file = dir.join("addr");
-    let af = addr_file.to_str().unwrap();
-    let mut args = vec![
+/// `bench --nnodes 2 --node-rank <rank> --master <master>`: one node of a 2-node bench.
+fn bench_node<'a>(rank: &'a str, master: &'a str) -> Vec<&'a str> {
+    vec![
         "bench",
         "--nnodes",
         "2",
         "--node-rank",
-        "0",
+        rank,
         "--master",
-        "127.0.0.1:0",
-        "--addr-file",
-        af,
-    ];
+        master,
+    ]
+}
+
+fn node0_env(dir: &std::path::Path, envs: &[(&str, &str)], extra: &[&str]) -> (Child, String) {
+    let addr_file = dir.join("addr");
+    let mut args = bench_node("0", "127.0.0.1:0");
+    args.extend(["--addr-file", addr_file.to_str().unwrap()]);
     args.extend_from_slice(extra);
     let mut child = spawn_env(&args, envs);
     let t0 = Instant::now();
@@ -73,15 +67,7 @@ fn node1(addr: &str, token: &str, extra: &[&str]) -> Child {
 }
 
 fn node1_env(addr: &str, envs: &[(&str, &str)], extra: &[&str]) -> Child {
-    let mut args = vec![
-        "bench",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master",
-        addr,
-    ];
+    let mut args = bench_node("1", addr);
     args.extend_from_slice(extra);
     spawn_env(&args, envs)
 }
@@ -110,13 +96,17 @@ fn finish(mut c: Child, limit: Duration) -> (bool, String, Duration) {
     }
 }
 
+/// One all-reduce of 4 bytes.
+const TINY: [&str; 6] = ["--op", "all-reduce", "--bytes", "4", "--iters", "1"];
+
+/// [`TINY`], with a rendezvous that gives up after 4 s.
 const QUICK: [&str; 8] = [
-    "--op",
-    "all-reduce",
-    "--bytes",
-    "4",
-    "--iters",
-    "1",
+    TINY[0],
+    TINY[1],
+    TINY[2],
+    TINY[3],
+    TINY[4],
+    TINY[5],
     "--rendezvous-timeout",
     "4",
 ];
@@ -200,17 +190,8 @@ fn unreachable_coordinator_is_a_clear_error() {
     // Nothing listens on this loopback port (we bind it for UDP and keep it, so no one can).
     let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
     let addr = sock.local_addr().unwrap().to_string();
-    let args = [
-        "bench",
-        "--nnodes",
-        "2",
-        "--node-rank",
-        "1",
-        "--master",
-        &addr,
-        "--rendezvous-timeout",
-        "2",
-    ];
+    let mut args = bench_node("1", &addr);
+    args.extend(["--rendezvous-timeout", "2"]);
     let (ok, err, took) = finish(spawn(&args, TOK), Duration::from_secs(30));
     assert!(!ok);
     assert!(err.contains("could not reach the coordinator"), "{err}");
@@ -319,27 +300,9 @@ fn bad_flags_exit_with_code_2() {
 #[test]
 fn a_weak_token_is_refused_before_anything_listens() {
     for weak in ["hunter2", "0123456789abcdef", &"7".repeat(64)] {
-        let out = common::run(
-            &[
-                "bench",
-                "--op",
-                "all-reduce",
-                "--bytes",
-                "4",
-                "--iters",
-                "1",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                "0",
-                "--master",
-                "127.0.0.1:0",
-            ],
-            &[("WIRETRAIN_TOKEN", weak)],
-            Duration::from_secs(30),
-        );
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{weak}: {}", common::text(&out));
+        let args = [&["bench"][..], &TINY, &bench_node("0", "127.0.0.1:0")[1..]].concat();
+        let err =
+            common::refused_within(&args, &[("WIRETRAIN_TOKEN", weak)], Duration::from_secs(30));
         assert!(err.contains("at least 128 bits"), "{err}");
         assert!(err.contains("openssl rand -hex 32"), "{err}");
         assert!(!err.contains(weak), "the token is never printed: {err}");
@@ -356,26 +319,10 @@ fn token_file_and_environment_never_silently_disagree() {
     std::fs::write(&f, format!("{TOK}\n")).unwrap();
     std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o644)).unwrap();
     let fs = f.to_str().unwrap();
-    let args = [
-        "bench",
-        "--op",
-        "all-reduce",
-        "--bytes",
-        "4",
-        "--iters",
-        "1",
-        "--token-file",
-        fs,
-    ];
+    let args = [&["bench"][..], &TINY, &["--token-file", fs][..]].concat();
     // Two different secrets: refused, naming both sources.
     let other = "another-0123456789abcdef0123456789abcdef";
-    let out = common::run(
-        &args,
-        &[("WIRETRAIN_TOKEN", other)],
-        Duration::from_secs(60),
-    );
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2), "{}", common::text(&out));
+    let err = common::refused_env(&args, &[("WIRETRAIN_TOKEN", other)]);
     assert!(
         err.contains("WIRETRAIN_TOKEN") && err.contains("--token-file"),
         "{err}"

@@ -84,15 +84,7 @@ fn a_cut_link_stops_both_training_nodes_within_30_s() {
     let _one = lab_lock();
     let Some((out, text)) = lab(
         "lab-tbf.sh",
-        &[
-            "--example",
-            "mlp",
-            "--steps",
-            "100000000",
-            "--device",
-            "cpu",
-            "--no-progress",
-        ],
+        &[&common::MLP_FOREVER[..], &["--no-progress"]].concat(),
         &[
             ("SUB", "train"),
             ("RATE", "1gbit"),

@@ -13,18 +13,11 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-launch-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("launch", name)
 }
 
 fn losses(m: &Path) -> (Vec<f64>, serde_json::Value) {
-    let all: Vec<serde_json::Value> = std::fs::read_to_string(m)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let all = common::jsonl(m);
     let (summary, steps) = all.split_last().unwrap();
     (
         steps.iter().map(|v| v["loss"].as_f64().unwrap()).collect(),
@@ -64,11 +57,7 @@ fn a_user_program_trains_on_two_nodes_like_one_rank() {
         assert_eq!(summary["example"], "run-loop", "{summary}");
         assert_eq!(summary["devices"].as_array().unwrap().len(), 4, "{summary}");
         assert_eq!(one.len(), 25);
-        let worst = one
-            .iter()
-            .zip(&four)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
-            .fold(0.0, f64::max);
+        let worst = common::worst_rel(&four, &one, 1e-3);
         eprintln!("{strategy}: 2x2 vs 1 rank, worst relative loss difference {worst:e}");
         assert!(worst <= 1e-5, "{strategy}: {one:?} vs {four:?}");
         assert!(four[24] < 0.7 * four[0], "learns: {four:?}");
@@ -76,15 +65,28 @@ fn a_user_program_trains_on_two_nodes_like_one_rank() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// Runs `launch` with stderr read line by line as it arrives: (line, when) pairs.
-fn spawn_timed(args: &[&str]) -> (std::process::Child, mpsc::Receiver<(String, Instant)>) {
-    let mut child = Command::new(common::bin())
-        .args(args)
-        .env("WIRETRAIN_TOKEN", "0123456789abcdef-a-secret-test-token")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+/// Runs `launch --local 2 --ranks-per-node 2 <flags...> -- <run-loop> --device cpu --steps
+/// 1000000 <extra...>` with stderr read line by line as it arrives: (line, when) pairs.
+fn spawn_timed(
+    flags: &[&str],
+    extra: &[&str],
+) -> (std::process::Child, mpsc::Receiver<(String, Instant)>) {
+    let ex = common::example("run-loop");
+    let mut args = vec!["launch", "--local", "2", "--ranks-per-node", "2"];
+    args.extend_from_slice(flags);
+    args.extend([
+        "--",
+        ex.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--steps",
+        "1000000",
+    ]);
+    args.extend_from_slice(extra);
+    let mut child = common::spawn(
+        &args,
+        &[("WIRETRAIN_TOKEN", "0123456789abcdef-a-secret-test-token")],
+    );
     let err = child.stderr.take().unwrap();
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
@@ -97,22 +99,7 @@ fn spawn_timed(args: &[&str]) -> (std::process::Child, mpsc::Receiver<(String, I
 
 #[test]
 fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
-    let ex = common::example("run-loop");
-    let (mut child, rx) = spawn_timed(&[
-        "launch",
-        "--local",
-        "2",
-        "--ranks-per-node",
-        "2",
-        "--",
-        ex.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--steps",
-        "1000000",
-        "--panic-at",
-        "3:20",
-    ]);
+    let (mut child, rx) = spawn_timed(&[], &["--panic-at", "3:20"]);
     let st = common::wait_exit(&mut child, Duration::from_secs(120));
     let exited = Instant::now();
     let lines: Vec<(String, Instant)> = rx.iter().collect();
@@ -141,33 +128,10 @@ fn a_panicking_rank_fails_every_node_within_5_s_with_its_message() {
 fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
     let d = dir("kill");
     let m = d.join("m.jsonl");
-    let ex = common::example("run-loop");
-    let (mut child, rx) = spawn_timed(&[
-        "launch",
-        "--local",
-        "2",
-        "--ranks-per-node",
-        "2",
-        "--grace",
-        "60",
-        "--",
-        ex.to_str().unwrap(),
-        "--device",
-        "cpu",
-        "--steps",
-        "1000000",
-        "--metrics",
-        m.to_str().unwrap(),
-    ]);
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&m).map_or(0, |s| s.lines().count()) < 5 {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        assert!(
-            t0.elapsed() < Duration::from_secs(120),
-            "no 5 steps in 120 s"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let (mut child, rx) = spawn_timed(&["--grace", "60"], &["--metrics", m.to_str().unwrap()]);
+    common::wait_until(&mut child, Duration::from_secs(120), "5 steps", || {
+        common::line_count(&m) >= 5
+    });
     let victim = common::node_pid(child.id(), 1).expect("node 1 among the launcher's children");
     // The token travels in the environment only: no process shows it in its arguments.
     for p in [child.id(), victim] {
@@ -178,13 +142,7 @@ fn kill_9_of_a_node_fails_the_others_within_30_s_naming_it() {
         );
     }
     let killed = Instant::now();
-    assert!(
-        Command::new("kill")
-            .args(["-9", &victim.to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    common::signal(victim, "-9");
     let st = common::wait_exit(&mut child, Duration::from_secs(90));
     let took = killed.elapsed();
     eprintln!("the launcher exited {took:?} after kill -9 of node 1");
@@ -323,13 +281,7 @@ fn launch_per_machine_with_master_and_node_rank() {
         common::wait_exit(&mut n0, Duration::from_secs(120)),
         common::wait_exit(&mut n1, Duration::from_secs(120)),
     );
-    let err = |c: &mut std::process::Child| {
-        let mut s = String::new();
-        use std::io::Read;
-        c.stderr.take().unwrap().read_to_string(&mut s).unwrap();
-        s
-    };
-    let (e0, e1) = (err(&mut n0), err(&mut n1));
+    let (e0, e1) = (common::stderr_of(&mut n0), common::stderr_of(&mut n1));
     assert!(s0.success() && s1.success(), "node 0:\n{e0}\nnode 1:\n{e1}");
     let (steps, summary) = losses(&m);
     assert_eq!(steps.len(), 10);

@@ -10,10 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-learner-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("learner", name)
 }
 
 /// Burn's per-iteration training losses of `epochs` epochs under `out`.
@@ -33,6 +30,26 @@ fn epoch_losses(out: &Path, e: usize) -> Vec<f64> {
 }
 
 const EPOCHS: &str = "2";
+
+/// `launch --local 2 --ranks-per-node 2 -- <learner example> --strategy S --epochs E --batch 16
+/// --device cpu <rest...>`, which must succeed.
+fn learner_2x2(ex: &Path, strategy: &str, epochs: &str, rest: &[&str]) {
+    let mut args = common::local(
+        "2",
+        "2",
+        &[
+            ex.to_str().unwrap(),
+            "--strategy",
+            strategy,
+            "--epochs",
+            epochs,
+        ],
+    );
+    args.extend(["--batch", "16", "--device", "cpu"]);
+    args.extend_from_slice(rest);
+    let run = common::run(&args, &[], Duration::from_secs(600));
+    assert!(run.status.success(), "{strategy}: {}", common::text(&run));
+}
 
 #[test]
 fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
@@ -58,37 +75,14 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
     assert_eq!(want.len(), 48);
     for strategy in ["ddp", "zero2", "zero3"] {
         let o = d.join(strategy);
-        let mut args = vec![
-            "launch",
-            "--local",
-            "2",
-            "--ranks-per-node",
-            "2",
-            "--",
-            ex.to_str().unwrap(),
-            "--strategy",
-            strategy,
-            "--epochs",
-            EPOCHS,
-            "--batch",
-            "16",
-            "--device",
-            "cpu",
-            "--out",
-            o.to_str().unwrap(),
-        ];
+        let mut rest = vec!["--out", o.to_str().unwrap()];
         if strategy == "zero2" {
-            args.push("--checkpoints");
+            rest.push("--checkpoints");
         }
-        let run = common::run(&args, &[], Duration::from_secs(600));
-        assert!(run.status.success(), "{strategy}: {}", common::text(&run));
+        learner_2x2(&ex, strategy, EPOCHS, &rest);
         let got = burn_losses(&o, 2);
         assert_eq!(got.len(), want.len(), "{strategy}");
-        let worst = want
-            .iter()
-            .zip(&got)
-            .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
-            .fold(0.0, f64::max);
+        let worst = common::worst_rel(&got, &want, 1e-3);
         eprintln!("{strategy}: 2x2 Learner vs single device, worst relative difference {worst:e}");
         assert!(worst <= 1e-5, "{strategy}: {want:?}\nvs\n{got:?}");
         assert!(got[47] < 0.8 * got[0], "learns: {got:?}");
@@ -104,30 +98,14 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
     // state included.
     let ck = d.join("ck");
     let sharded = |strategy: &str, epochs: &str, o: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "launch",
-            "--local",
-            "2",
-            "--ranks-per-node",
-            "2",
-            "--",
-            ex.to_str().unwrap(),
-            "--strategy",
-            strategy,
-            "--epochs",
-            epochs,
-            "--batch",
-            "16",
-            "--device",
-            "cpu",
+        let mut rest = vec![
             "--sharded",
             ck.to_str().unwrap(),
             "--out",
             o.to_str().unwrap(),
         ];
-        args.extend(extra);
-        let run = common::run(&args, &[], Duration::from_secs(600));
-        assert!(run.status.success(), "{}", common::text(&run));
+        rest.extend(extra);
+        learner_2x2(&ex, strategy, epochs, &rest);
     };
     sharded("zero2", "1", &d.join("first"), &[]);
     let o = d.join("resumed");
@@ -137,11 +115,7 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
         !o.join("train/epoch-1").exists(),
         "epoch 1 came from the checkpoint"
     );
-    let worst = want[24..]
-        .iter()
-        .zip(&got)
-        .map(|(a, b)| (a - b).abs() / a.abs().max(1e-3))
-        .fold(0.0, f64::max);
+    let worst = common::worst_rel(&got, &want[24..], 1e-3);
     eprintln!("resumed 2x2 zero3 from a 2x2 zero2 checkpoint: worst relative difference {worst:e}");
     assert_eq!(got.len(), 24);
     assert!(worst <= 1e-5, "{:?}\nvs\n{got:?}", &want[24..]);
@@ -150,22 +124,11 @@ fn learner_on_two_nodes_matches_single_device_training_step_by_step() {
 
 #[test]
 fn a_strategy_the_model_cannot_use_is_refused() {
-    let out = common::run(
-        &[
-            "launch",
-            "--local",
-            "1",
-            "--",
-            common::example("learner").to_str().unwrap(),
-            "--strategy",
-            "zero3",
-            "--whole",
-        ],
-        &[],
-        Duration::from_secs(60),
-    );
-    let text = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(2), "{}", common::text(&out));
+    let ex = common::example("learner");
+    let text = common::refused(&common::local_nodes(
+        "1",
+        &[ex.to_str().unwrap(), "--strategy", "zero3", "--whole"],
+    ));
     assert!(text.contains("needs a model cut into units"), "{text}");
 }
 
@@ -173,53 +136,18 @@ fn a_strategy_the_model_cannot_use_is_refused() {
 /// same step (the stop travels with the step's loss reduction) and the job exits 130.
 #[test]
 fn ctrl_c_stops_every_learner_rank_after_the_same_step() {
-    use std::process::{Command, Stdio};
-    use std::time::Instant;
     let d = dir("stop");
-    let o = d.join("out");
-    let mut child = Command::new(common::bin())
-        .args([
-            "launch",
-            "--local",
-            "2",
-            "--ranks-per-node",
-            "2",
-            "--",
-            common::example("learner").to_str().unwrap(),
-            "--epochs",
-            "100000",
-            "--device",
-            "cpu",
-            "--out",
-            o.to_str().unwrap(),
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let (ex, o) = (common::example("learner"), d.join("out"));
+    let (exs, os) = (ex.to_str().unwrap(), o.to_str().unwrap());
+    let args = [exs, "--epochs", "100000", "--device", "cpu", "--out", os];
+    let mut child = common::spawn(&common::local("2", "2", &args), &[]);
     let log = o.join("train/epoch-1/Loss.log");
-    let t0 = Instant::now();
-    while std::fs::read_to_string(&log).map_or(0, |s| s.lines().count()) < 3 {
-        assert!(child.try_wait().unwrap().is_none(), "the run ended early");
-        assert!(t0.elapsed() < Duration::from_secs(120), "no steps in 120 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert!(
-        Command::new("kill")
-            .args(["-INT", &child.id().to_string()])
-            .status()
-            .unwrap()
-            .success()
-    );
+    common::wait_until(&mut child, Duration::from_secs(120), "3 steps", || {
+        common::line_count(&log) >= 3
+    });
+    common::signal(child.id(), "-INT");
     let st = common::wait_exit(&mut child, Duration::from_secs(60));
-    let mut err = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let err = common::stderr_of(&mut child);
     assert_eq!(st.code(), Some(130), "{err}");
     assert_eq!(
         err.matches("every rank stopped after the same step")

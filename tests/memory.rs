@@ -12,15 +12,11 @@ use std::time::Duration;
 /// The largest `peak_heap_bytes` over the ranks of a 2-node run of `strategy`, and the
 /// parameter count.
 fn peak(strategy: &str) -> (f64, f64) {
-    let d = std::env::temp_dir().join(format!("wiretrain-mem-{}-{strategy}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::fresh_dir("mem", strategy);
     let m = d.join("m.jsonl");
-    let out = common::run(
+    let mut args = common::local_nodes(
+        "2",
         &[
-            "launch",
-            "--local",
-            "2",
-            "--",
             "train",
             "--example",
             "char-lm",
@@ -28,21 +24,17 @@ fn peak(strategy: &str) -> (f64, f64) {
             "256",
             "--layers",
             "4",
-            "--steps",
-            "3",
-            "--global-batch",
-            "8",
-            "--device",
-            "cpu",
-            "--strategy",
-            strategy,
-            "--no-progress",
-            "--metrics",
-            m.to_str().unwrap(),
         ],
-        &[],
-        Duration::from_secs(300),
     );
+    args.extend(["--steps", "3", "--global-batch", "8", "--device", "cpu"]);
+    args.extend([
+        "--strategy",
+        strategy,
+        "--no-progress",
+        "--metrics",
+        m.to_str().unwrap(),
+    ]);
+    let out = common::run(&args, &[], Duration::from_secs(300));
     assert!(out.status.success(), "{}", common::text(&out));
     let text = std::fs::read_to_string(&m).unwrap();
     let s: serde_json::Value = serde_json::from_str(text.trim().lines().last().unwrap()).unwrap();

@@ -123,27 +123,17 @@ fn a_bad_lab_csv_is_a_clear_error() {
 /// the planner's 6·Ψ·tokens model, for the model `train` trains.
 #[test]
 fn bench_measures_the_compute_rate_the_planner_takes() {
-    let out = common::run(
-        &[
-            "bench",
-            "--op",
-            "compute",
-            "--example",
-            "mlp",
-            "--batch",
-            "32",
-            "--iters",
-            "5",
-            "--local",
-            "2",
-            "--json",
-        ],
-        &[],
-        Duration::from_secs(120),
-    );
-    assert!(out.status.success(), "{}", common::text(&out));
-    let rows = common::rows(&out);
-    assert_eq!(rows.len(), 1, "{}", common::text(&out));
+    let mut args = vec![
+        "bench",
+        "--op",
+        "compute",
+        "--example",
+        "mlp",
+        "--batch",
+        "32",
+    ];
+    args.extend(["--iters", "5", "--local", "2", "--json"]);
+    let rows = common::json_rows(&args, Duration::from_secs(120), 1);
     let r = &rows[0];
     assert_eq!(r["op"], "compute");
     assert_eq!(

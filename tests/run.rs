@@ -5,14 +5,13 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
+use common::{signal, spawn, stderr_of};
+
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-run-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("run", name)
 }
 
 fn lines(p: &Path) -> Vec<serde_json::Value> {
@@ -31,21 +30,11 @@ fn char_lm_learns_on_two_nodes_and_plots() {
     let d = dir("char-lm");
     let m = d.join("m.jsonl");
     let out = common::run(
-        &common::local_train(
-            "2",
-            "2",
-            &[
-                "--example",
-                "char-lm",
-                "--strategy",
-                "zero2",
-                "--steps",
-                "200",
-                "--device",
-                "cpu",
-                "--metrics",
-                m.to_str().unwrap(),
-            ],
+        &common::train_2x2(
+            "char-lm",
+            "zero2",
+            "200",
+            &["--device", "cpu", "--metrics", m.to_str().unwrap()],
         ),
         &[],
         Duration::from_secs(900),
@@ -78,76 +67,36 @@ fn char_lm_learns_on_two_nodes_and_plots() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-fn spawn_launch(m: &Path) -> Child {
-    Command::new(common::bin())
-        .args([
-            "launch",
-            "--local",
-            "2",
-            "--ranks-per-node",
-            "2",
-            "--",
-            "train",
-            "--example",
-            "mlp",
-            "--steps",
-            "100000000",
-            "--device",
-            "cpu",
-            "--metrics",
-        ])
-        .arg(m)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn wiretrain")
+/// Starts the mlp example for ever (until a signal) on 2 nodes x 2 ranks, with metrics in a
+/// fresh directory `name`, and waits for its first 5 steps: (directory, metrics, launcher).
+fn launch_5_steps(name: &str) -> (PathBuf, PathBuf, Child) {
+    let d = dir(name);
+    let m = d.join("m.jsonl");
+    let mut args = common::local_train("2", "2", &common::MLP_FOREVER);
+    args.extend(["--metrics", m.to_str().unwrap()]);
+    let mut child = spawn(&args, &[]);
+    wait_for_steps(&mut child, &m, 5);
+    (d, m, child)
 }
 
 fn wait_for_steps(child: &mut Child, m: &Path, n: usize) {
-    let t0 = Instant::now();
-    while lines(m).len() < n {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the run ended before it was signalled"
-        );
-        if t0.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("no {n} steps within 120 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn signal(pid: u32, sig: &str) {
-    let st = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .expect("kill(1)");
-    assert!(st.success());
+    common::wait_until(
+        child,
+        Duration::from_secs(120),
+        &format!("{n} steps"),
+        || lines(m).len() >= n,
+    );
 }
 
 /// Waits (bounded) for the launcher and checks the clean stop: exit 130, a summary that says
 /// so, a plot.
 fn check_clean_stop(mut child: Child, m: &Path) {
-    let t0 = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if t0.elapsed() > Duration::from_secs(60) {
-            let _ = child.kill();
-            panic!("no clean stop within 60 s of the signal");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    use std::io::Read;
-    child
-        .stderr
-        .take()
-        .unwrap()
-        .read_to_string(&mut err)
-        .unwrap();
+    let status = common::wait_exit_or(
+        &mut child,
+        Duration::from_secs(60),
+        "no clean stop within 60 s of the signal",
+    );
+    let err = stderr_of(&mut child);
     assert_eq!(status.code(), Some(130), "{err}");
     assert!(err.contains("stopped by a signal"), "{err}");
     let all = lines(m);
@@ -160,10 +109,7 @@ fn check_clean_stop(mut child: Child, m: &Path) {
 
 #[test]
 fn ctrl_c_at_the_launcher_stops_every_rank_cleanly() {
-    let d = dir("sigint-launcher");
-    let m = d.join("m.jsonl");
-    let mut child = spawn_launch(&m);
-    wait_for_steps(&mut child, &m, 5);
+    let (d, m, child) = launch_5_steps("sigint-launcher");
     signal(child.id(), "-INT");
     check_clean_stop(child, &m);
     let _ = std::fs::remove_dir_all(&d);
@@ -173,10 +119,7 @@ fn ctrl_c_at_the_launcher_stops_every_rank_cleanly() {
 /// request travels with the step's loss reduction and every rank stops after the same step.
 #[test]
 fn a_signal_at_one_node_stops_the_whole_job() {
-    let d = dir("sigint-node");
-    let m = d.join("m.jsonl");
-    let mut child = spawn_launch(&m);
-    wait_for_steps(&mut child, &m, 5);
+    let (d, m, mut child) = launch_5_steps("sigint-node");
     let children = format!("/proc/{0}/task/{0}/children", child.id());
     let Ok(pids) = std::fs::read_to_string(&children) else {
         let _ = child.kill();
@@ -216,28 +159,12 @@ fn a_signal_at_one_node_stops_the_whole_job() {
 fn a_second_signal_aborts_at_once() {
     let d = dir("second-sigint");
     let m = d.join("m.jsonl");
-    let mut child = Command::new(common::bin())
-        .args([
-            "train",
-            "--example",
-            "mlp",
-            "--steps",
-            "1000000",
-            "--device",
-            "cpu",
-            "--no-progress",
-            "--metrics",
-            m.to_str().unwrap(),
-            "--checkpoint-every",
-            "1000000",
-            "--checkpoint-dir",
-            d.join("ck").to_str().unwrap(),
-        ])
-        .env("WIRETRAIN_TEST_STALL_CHECKPOINT", "0:60000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let ck = d.join("ck");
+    let (ms, cks) = (m.to_str().unwrap(), ck.to_str().unwrap());
+    let mut args = vec!["train", "--example", "mlp", "--steps", "1000000"];
+    args.extend(["--device", "cpu", "--no-progress", "--metrics", ms]);
+    args.extend(["--checkpoint-every", "1000000", "--checkpoint-dir", cks]);
+    let mut child = spawn(&args, &[("WIRETRAIN_TEST_STALL_CHECKPOINT", "0:60000")]);
     wait_for_steps(&mut child, &m, 5);
     signal(child.id(), "-INT");
     // The clean stop begins: its checkpoint stalls. A second signal within 2 s counts as the
@@ -249,16 +176,11 @@ fn a_second_signal_aborts_at_once() {
     );
     let second = Instant::now();
     signal(child.id(), "-INT");
-    let status = loop {
-        if let Some(st) = child.try_wait().unwrap() {
-            break st;
-        }
-        if second.elapsed() > Duration::from_secs(20) {
-            let _ = child.kill();
-            panic!("the second signal did not abort the run");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = common::wait_exit_or(
+        &mut child,
+        Duration::from_secs(20),
+        "the second signal did not abort the run",
+    );
     let took = second.elapsed();
     assert_eq!(status.code(), Some(130), "{status:?}");
     assert!(

@@ -35,45 +35,37 @@ fn fail_one(bad: usize, fail: fn(usize) -> Result<(), String>) -> (RunError, Dur
     (res.expect_err("a rank failed"), t0.elapsed())
 }
 
-#[test]
-fn a_panicking_rank_fails_its_peers_within_5_s_with_the_message() {
-    let (e, took) = fail_one(1, |r| panic!("device out of memory on rank {r} (test)"));
+/// [`fail_one`], which must fail within 5 s as rank `bad`'s error (a panic if `panicked`)
+/// with `said` in the message.
+fn check_fail_one(bad: usize, fail: fn(usize) -> Result<(), String>, panicked: bool, said: &str) {
+    let (e, took) = fail_one(bad, fail);
     let msg = e.to_string();
     assert!(
-        matches!(
-            e,
-            RunError::Rank {
-                rank: 1,
-                panicked: true,
-                ..
-            }
-        ),
+        matches!(e, RunError::Rank { rank, panicked: p, .. } if rank == bad && p == panicked),
         "{msg}"
     );
-    assert!(
-        msg.contains("device out of memory on rank 1 (test)"),
-        "{msg}"
-    );
+    assert!(msg.contains(said), "{msg}");
     assert!(took < Duration::from_secs(5), "took {took:?}");
 }
 
 #[test]
-fn a_rank_returning_an_error_fails_its_peers_at_once() {
-    let (e, took) = fail_one(2, |r| Err(format!("rank {r} found a corrupt batch")));
-    let msg = e.to_string();
-    assert!(
-        matches!(
-            e,
-            RunError::Rank {
-                rank: 2,
-                panicked: false,
-                ..
-            }
-        ),
-        "{msg}"
+fn a_panicking_rank_fails_its_peers_within_5_s_with_the_message() {
+    check_fail_one(
+        1,
+        |r| panic!("device out of memory on rank {r} (test)"),
+        true,
+        "device out of memory on rank 1 (test)",
     );
-    assert!(msg.contains("rank 2 found a corrupt batch"), "{msg}");
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+}
+
+#[test]
+fn a_rank_returning_an_error_fails_its_peers_at_once() {
+    check_fail_one(
+        2,
+        |r| Err(format!("rank {r} found a corrupt batch")),
+        false,
+        "rank 2 found a corrupt batch",
+    );
 }
 
 #[test]

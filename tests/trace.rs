@@ -9,27 +9,26 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+/// `wiretrain report args...`, bounded by `limit`.
+fn report(args: &[&str], limit: Duration) -> std::process::Output {
+    let mut a = vec!["report"];
+    a.extend_from_slice(args);
+    common::run(&a, &[], limit)
+}
+
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-trace-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("trace", name)
 }
 
 /// 12 steps of `example` on 2 nodes x 2 ranks with `--trace d/trace`.
 fn traced_run(d: &Path, example: &str, strategy: &str, envs: &[(&str, &str)]) {
     let t = d.join("trace");
     let out = common::run(
-        &common::local_train(
-            "2",
-            "2",
+        &common::train_2x2(
+            example,
+            strategy,
+            "12",
             &[
-                "--example",
-                example,
-                "--strategy",
-                strategy,
-                "--steps",
-                "12",
                 "--global-batch",
                 "32",
                 "--device",
@@ -175,11 +174,8 @@ fn report_names_the_straggler_and_who_was_waited_for() {
     let d = dir("straggler");
     traced_run(&d, "mlp", "zero2", &[("WIRETRAIN_TEST_SLOW_RANK", "2:30")]);
     let t = d.join("trace");
-    let out = common::run(
-        &["report", t.to_str().unwrap(), "--json"],
-        &[],
-        Duration::from_secs(60),
-    );
+    let t_s = t.to_str().unwrap();
+    let out = report(&[t_s, "--json"], Duration::from_secs(60));
     assert!(out.status.success(), "{}", common::text(&out));
     let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(r["slowest_rank"], 2, "{r}");
@@ -210,16 +206,14 @@ fn report_names_the_straggler_and_who_was_waited_for() {
          {\"op\":\"reduce-scatter\",\"bytes\":30000,\"busbw_gbps\":1.5}\n",
     )
     .unwrap();
-    let out = common::run(
+    let out = report(
         &[
-            "report",
-            t.to_str().unwrap(),
+            t_s,
             "--json",
             "--no-plot",
             "--bench",
             bench.to_str().unwrap(),
         ],
-        &[],
         Duration::from_secs(60),
     );
     assert!(out.status.success(), "{}", common::text(&out));
@@ -234,11 +228,7 @@ fn report_names_the_straggler_and_who_was_waited_for() {
     assert_eq!(rs["bench_busbw_gbs"], 1.5, "{rs}");
     assert!(rs["intra_busbw_gbs"].as_f64().unwrap() > 0.0, "{rs}");
     // The human summary says the same.
-    let out = common::run(
-        &["report", t.to_str().unwrap(), "--no-plot"],
-        &[],
-        Duration::from_secs(60),
-    );
+    let out = report(&[t_s, "--no-plot"], Duration::from_secs(60));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         text.contains("slowest rank: 2") && text.contains("waited for rank 2"),
@@ -250,11 +240,7 @@ fn report_names_the_straggler_and_who_was_waited_for() {
 #[test]
 fn missing_or_truncated_traces_are_clear_errors() {
     let d = dir("bad");
-    let out = common::run(
-        &["report", d.join("none").to_str().unwrap()],
-        &[],
-        Duration::from_secs(30),
-    );
+    let out = report(&[d.join("none").to_str().unwrap()], Duration::from_secs(30));
     assert_eq!(out.status.code(), Some(1), "{}", common::text(&out));
     assert!(
         common::text(&out).contains("none"),
@@ -266,11 +252,7 @@ fn missing_or_truncated_traces_are_clear_errors() {
         br#"{"traceEvents": [{"name": "st"#,
     )
     .unwrap();
-    let out = common::run(
-        &["report", d.to_str().unwrap()],
-        &[],
-        Duration::from_secs(30),
-    );
+    let out = report(&[d.to_str().unwrap()], Duration::from_secs(30));
     let text = common::text(&out);
     assert_eq!(out.status.code(), Some(1), "{text}");
     assert!(

@@ -15,10 +15,7 @@ const STEPS: &str = "20";
 const BATCH: &str = "32";
 
 fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-train-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    common::fresh_dir("train", name)
 }
 
 fn train_args<'a>(
@@ -27,37 +24,10 @@ fn train_args<'a>(
     metrics: &'a str,
     params: &'a str,
 ) -> Vec<&'a str> {
-    vec![
-        "train",
-        "--example",
-        "mlp",
-        "--strategy",
-        strategy,
-        "--steps",
-        STEPS,
-        "--global-batch",
-        BATCH,
-        "--lr",
-        "0.01",
-        "--seed",
-        "3",
-        "--device",
-        device,
-        "--bucket-bytes",
-        "4096",
-        "--metrics",
-        metrics,
-        "--save-params",
-        params,
-    ]
-}
-
-fn read_params(p: &Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    let mut v = vec!["train"];
+    v.extend(common::mlp(strategy, STEPS, BATCH, "3", device));
+    v.extend(["--metrics", metrics, "--save-params", params]);
+    v
 }
 
 fn read_metrics(p: &Path) -> (Vec<f64>, serde_json::Value) {
@@ -87,7 +57,7 @@ fn reference(device: &str) -> (Vec<f32>, Vec<f64>) {
         Duration::from_secs(600),
     );
     assert!(out.status.success(), "{}", common::text(&out));
-    (read_params(&p), read_metrics(&m).0)
+    (common::read_f32(&p), read_metrics(&m).0)
 }
 
 fn distributed(
@@ -117,19 +87,17 @@ fn distributed_with(
     let (m, p) = (d.join("m.jsonl"), d.join("p.f32"));
     let n = nodes.to_string();
     let k = ranks.to_string();
-    let mut args = vec!["launch", "--local", &n, "--ranks-per-node", &k, "--"];
-    args.extend(train_args(
-        strategy,
-        device,
-        m.to_str().unwrap(),
-        p.to_str().unwrap(),
-    ));
+    let mut args = common::local(
+        &n,
+        &k,
+        &train_args(strategy, device, m.to_str().unwrap(), p.to_str().unwrap()),
+    );
     args.extend(["--accumulate", &acc]);
     args.extend_from_slice(extra);
     let out = common::run(&args, &[], Duration::from_secs(900));
     assert!(out.status.success(), "{}", common::text(&out));
     let (losses, summary) = read_metrics(&m);
-    (read_params(&p), losses, summary)
+    (common::read_f32(&p), losses, summary)
 }
 
 /// Within 1e-5 relative: the difference vector relative to the reference vector (L2), and
@@ -371,49 +339,41 @@ fn bad_input_is_one_line_and_exit_code_2() {
     std::fs::write(&cfg, "strategy = \"zero2\"\nsteps = 1\nnot_a_field = 3\n").unwrap();
     let cfg_s = cfg.to_str().unwrap();
     for (args, needle) in [
-        (vec!["train", "--strategy", "zero9"], "--strategy"),
-        (vec!["train", "--example", "resnet"], "--example"),
+        (common::words("train --strategy zero9"), "--strategy"),
+        (common::words("train --example resnet"), "--example"),
         (
-            vec!["train", "--global-batch", "30", "--ranks-per-node", "4"],
+            common::words("train --global-batch 30 --ranks-per-node 4"),
             "--global-batch",
         ),
         (vec!["train", "--config", cfg_s], "not_a_field"),
         (
-            vec!["train", "--config", "/nonexistent/run.toml"],
+            common::words("train --config /nonexistent/run.toml"),
             "--config",
         ),
-        (vec!["train", "--device", "tpu"], "--device"),
+        (common::words("train --device tpu"), "--device"),
         // Built without the `cuda` feature (as CI builds): how to get it, and the Vulkan way.
         #[cfg(not(feature = "cuda"))]
         (
-            vec!["train", "--device", "cuda:0", "--steps", "1"],
+            common::words("train --device cuda:0 --steps 1"),
             "--features cuda",
         ),
-        (vec!["train", "--accumulate", "0"], "--accumulate"),
+        (common::words("train --accumulate 0"), "--accumulate"),
         (
-            vec!["train", "--accumulate", "2", "--strategy", "zero3"],
+            common::words("train --accumulate 2 --strategy zero3"),
             "--accumulate: zero3",
         ),
         (
-            vec!["train", "--accumulate", "2", "--strategy", "hsdp"],
+            common::words("train --accumulate 2 --strategy hsdp"),
             "--accumulate: hsdp",
         ),
-        (vec!["train", "--shares", "3,x"], "--shares"),
-        (vec!["train", "--balance", "fastest"], "--balance"),
+        (common::words("train --shares 3,x"), "--shares"),
+        (common::words("train --balance fastest"), "--balance"),
         (
-            vec!["train", "--global-batch", "32", "--shares", "30,3"],
+            common::words("train --global-batch 32 --shares 30,3"),
             "--shares",
         ),
         (
-            vec![
-                "train",
-                "--global-batch",
-                "8",
-                "--ranks-per-node",
-                "2",
-                "--accumulate",
-                "3",
-            ],
+            common::words("train --global-batch 8 --ranks-per-node 2 --accumulate 3"),
             "--global-batch",
         ),
     ] {

@@ -16,21 +16,11 @@ struct Run {
 fn run(wire: &str) -> Run {
     let lines = common::train_metrics(
         &format!("wire-{wire}"),
-        &common::local_train(
-            "2",
-            "2",
-            &[
-                "--example",
-                "char-lm",
-                "--strategy",
-                "zero2",
-                "--steps",
-                "150",
-                "--device",
-                "cpu",
-                "--wire-dtype",
-                wire,
-            ],
+        &common::train_2x2(
+            "char-lm",
+            "zero2",
+            "150",
+            &["--device", "cpu", "--wire-dtype", wire],
         ),
         &[],
         Duration::from_secs(600),
@@ -85,18 +75,19 @@ fn narrow_wire_dtypes_train_as_well_as_f32_with_fewer_bytes() {
 fn lavapipe_run(d: &std::path::Path, name: &str, extra: &[&str]) -> serde_json::Value {
     let m = d.join(format!("{name}.jsonl"));
     let p = d.join(format!("{name}.f32"));
-    let mut args = vec![
-        "launch",
-        "--local",
+    let mut args = common::local_nodes(
         "2",
-        "--",
-        "train",
-        "--example",
-        "mlp",
-        "--strategy",
-        "zero2",
-        "--global-batch",
-        "32",
+        &[
+            "train",
+            "--example",
+            "mlp",
+            "--strategy",
+            "zero2",
+            "--global-batch",
+            "32",
+        ],
+    );
+    args.extend([
         "--lr",
         "0.01",
         "--seed",
@@ -105,23 +96,20 @@ fn lavapipe_run(d: &std::path::Path, name: &str, extra: &[&str]) -> serde_json::
         "wgpu:cpu",
         "--wire-dtype",
         "bf16",
+    ]);
+    args.extend([
         "--metrics",
         m.to_str().unwrap(),
         "--save-params",
         p.to_str().unwrap(),
-    ];
+    ]);
     args.extend_from_slice(extra);
     let out = common::run(&args, &[], Duration::from_secs(600));
     assert!(out.status.success(), "{name}: {}", common::text(&out));
     let text = std::fs::read_to_string(&m).unwrap();
     let mut summary: serde_json::Value =
         serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    let params: Vec<f32> = std::fs::read(&p)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    summary["params"] = serde_json::json!(params);
+    summary["params"] = serde_json::json!(common::read_f32(&p));
     summary
 }
 
@@ -148,9 +136,7 @@ fn worst_rel(a: &[f32], b: &[f32]) -> f32 {
 /// checkpoint written by the fused optimizer resumes under Burn's (same state names).
 #[test]
 fn wgpu_training_runs_our_kernels_and_matches_burns_adamw() {
-    let d = std::env::temp_dir().join(format!("wiretrain-wire-lv-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
+    let d = common::fresh_dir("wire", "lv");
     let fused = lavapipe_run(&d, "fused", &["--steps", "12"]);
     let burn = lavapipe_run(&d, "burn", &["--steps", "12", "--no-fused-optimizer"]);
     assert_eq!(fused["optimizer"], "adamw (fused wgsl)");

@@ -7,49 +7,32 @@ use std::time::Duration;
 pub const BATCH: &str = "24";
 
 pub fn dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wiretrain-ckpt-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    super::fresh_dir("ckpt", name)
 }
 
 /// `launch --local nodes -- train ...` for the mlp example with the given extra flags.
 pub fn launch_args(nodes: usize, strategy: &str, steps: usize, extra: &[&str]) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "launch",
-        "--local",
-        &nodes.to_string(),
-        "--",
-        "train",
-        "--example",
-        "mlp",
-        "--strategy",
-        strategy,
-        "--steps",
-        &steps.to_string(),
-        "--global-batch",
-        BATCH,
-        "--lr",
-        "0.01",
-        "--seed",
-        "5",
-        "--device",
-        "cpu",
-        "--bucket-bytes",
-        "4096",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a
+    let (nodes, steps) = (nodes.to_string(), steps.to_string());
+    let mut a = super::local_nodes(&nodes, &["train"]);
+    a.extend(super::mlp(strategy, &steps, BATCH, "5", "cpu"));
+    a.extend_from_slice(extra);
+    a.into_iter().map(String::from).collect()
 }
 
 pub fn run_ok(args: &[String]) -> String {
-    let a: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = super::run(&a, &[], Duration::from_secs(300));
+    let out = super::run(args, &[], Duration::from_secs(300));
     assert!(out.status.success(), "{}", super::text(&out));
     String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Flips one bit near the end of `file` (in its data, past the header) and returns the bytes as
+/// they are now on disk.
+pub fn flip_a_bit(file: &Path) -> Vec<u8> {
+    let mut bytes = std::fs::read(file).unwrap();
+    let mid = bytes.len() - 8;
+    bytes[mid] ^= 0x40;
+    std::fs::write(file, &bytes).unwrap();
+    bytes
 }
 
 pub fn s(p: &Path) -> &str {
