@@ -43,13 +43,7 @@ fn main() -> anyhow::Result<()> {
         .ok_or_else(|| anyhow::anyhow!("{} is not a wgpu device", rd.description))?;
     let params: Vec<f32> = (0..n).map(|i| ((i % 1000) as f32 - 500.0) * 1e-3).collect();
     let grads: Vec<f32> = (0..n).map(|i| ((i % 777) as f32 - 388.0) * 1e-4).collect();
-    let h = AdamWHyper {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    };
+    let h = AdamWHyper::default();
     let (f, bu, worst) = kernel_vs_burn(&k, &rd.device, &params, &grads, &h)?;
     let (tf, tb, th) = trainer_steps(&k, &rd.device, &params, &grads, h.lr)?;
     let bytes = 7.0 * 4.0 * n as f64; // reads p, g, m, v; writes p, m, v

@@ -30,11 +30,12 @@ use burn_train::{
     ClassificationOutput, InferenceStep, Learner, SupervisedTraining, TrainOutput, TrainStep,
     TrainingStrategy,
 };
+use std::path::PathBuf;
 use std::sync::Arc;
 use wiretrain::learner::{UnitLoss, UnitsStep, WiretrainStrategy, renderer_for};
 use wiretrain::optim::OptimConfig;
 use wiretrain::units::{Act, Units};
-use wiretrain::{JobOptions, TrainerConfig};
+use wiretrain::{JobOptions, RankContext, TrainerConfig};
 
 #[derive(Module, Debug)]
 struct Net {
@@ -46,21 +47,29 @@ struct Net {
 
 impl Net {
     fn new(device: &Device) -> Self {
+        let linear = |inputs, outputs| LinearConfig::new(inputs, outputs).init(device);
         let net = Self {
-            l1: LinearConfig::new(2, 64).init(device),
+            l1: linear(2, 64),
             act: Relu::new(),
-            l2: LinearConfig::new(64, 64).init(device),
-            out: LinearConfig::new(64, 3).init(device),
+            l2: linear(64, 64),
+            out: linear(64, 3),
         };
         // The same start on every rank and in the reference run.
         wiretrain::flat::init_deterministic(net, 7)
     }
 
+    /// Layer `unit` (ReLU after the hidden ones): the forward pass runs them in order, and
+    /// ZeRO-3 and HSDP one unit at a time.
+    fn layer(&self, unit: usize, x: Tensor<2>) -> Tensor<2> {
+        match unit {
+            0 => self.act.forward(self.l1.forward(x)),
+            1 => self.act.forward(self.l2.forward(x)),
+            _ => self.out.forward(x),
+        }
+    }
+
     fn classify(&self, b: Batch) -> ClassificationOutput {
-        let h = self
-            .act
-            .forward(self.l2.forward(self.act.forward(self.l1.forward(b.x))));
-        let logits = self.out.forward(h);
+        let logits = (0..LAYERS.len()).fold(b.x, |h, unit| self.layer(unit, h));
         let loss = CrossEntropyLossConfig::new()
             .init(&logits.device())
             .forward(logits.clone(), b.y.clone());
@@ -77,27 +86,25 @@ impl TrainStep for Net {
     }
 }
 
-/// ZeRO-3 and HSDP run the model unit by unit: the three layers.
+/// ZeRO-3 and HSDP run the model unit by unit: the three layers, by field name.
+const LAYERS: [&str; 3] = ["l1", "l2", "out"];
+
 impl Units for Net {
     fn num_units(&self) -> usize {
-        3
+        LAYERS.len()
     }
     fn unit_of(&self, path: &str) -> usize {
-        match path.split('.').next() {
-            Some("l1") => 0,
-            Some("l2") => 1,
-            _ => 2,
-        }
+        let field = path.split('.').next();
+        LAYERS
+            .iter()
+            .position(|&l| field == Some(l))
+            .unwrap_or(LAYERS.len() - 1)
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         let Act::F2(x) = x else {
             unreachable!("every unit of Net takes a [batch, features] tensor")
         };
-        Act::F2(match unit {
-            0 => self.act.forward(self.l1.forward(x)),
-            1 => self.act.forward(self.l2.forward(x)),
-            _ => self.out.forward(x),
-        })
+        Act::F2(self.layer(unit, x))
     }
 }
 
@@ -223,7 +230,7 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
     let batch: usize = flag(args, "--batch")
         .map_or(Ok(16), |s| s.parse())
         .map_err(bad)?;
-    let out = std::path::PathBuf::from(flag(args, "--out").unwrap_or_else(|| "run-learner".into()));
+    let out = PathBuf::from(flag(args, "--out").unwrap_or_else(|| "run-learner".into()));
     if let Some(w) = flag(args, "--reference") {
         let world: usize = w.parse().map_err(bad)?;
         return reference(&out, world, batch, epochs);
@@ -232,6 +239,44 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
     if let Some(d) = flag(args, "--device") {
         job.devices = wiretrain::device::parse_specs(&d).map_err(bad)?;
     }
+    let (cfg, whole) = trainer_config(args)?;
+    let setup = Setup {
+        epochs,
+        batch,
+        out,
+        cfg,
+        whole,
+        checkpoints: args.iter().any(|a| a == "--checkpoints"),
+        sharded: flag(args, "--sharded")
+            .map(|d| (PathBuf::from(d), args.iter().any(|a| a == "--resume"))),
+    };
+    let results = wiretrain::run(job, move |ctx| train_rank(ctx, &setup)).map_err(|e| match e {
+        wiretrain::RunError::Device(_) | wiretrain::RunError::Job(_) => bad(e),
+        other => (1, other.to_string()),
+    })?;
+    if results.iter().any(|i| *i) {
+        eprintln!("learner: interrupted; every rank stopped after the same step");
+        std::process::exit(130);
+    }
+    Ok(())
+}
+
+/// What every rank of a distributed run trains with.
+struct Setup {
+    epochs: usize,
+    batch: usize,
+    out: PathBuf,
+    cfg: TrainerConfig,
+    /// As a whole module (any Burn module), or unit by unit (zero3, hsdp).
+    whole: bool,
+    /// Burn's checkpointer on rank 0.
+    checkpoints: bool,
+    /// Sharded checkpoints: (directory, resume from its newest).
+    sharded: Option<(PathBuf, bool)>,
+}
+
+/// The strategy and optimizer of `--strategy`, and whether the model trains as a whole.
+fn trainer_config(args: &[String]) -> Result<(TrainerConfig, bool), Failure> {
     let strategy: wiretrain::Strategy = flag(args, "--strategy")
         .unwrap_or_else(|| "ddp".into())
         .parse()
@@ -251,56 +296,42 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
     if whole {
         WiretrainStrategy::check(&cfg).map_err(|e| bad(format!("--strategy {strategy}: {e}")))?;
     }
-    let checkpoints = args.iter().any(|a| a == "--checkpoints");
-    // Sharded checkpoints: (directory, resume from its newest).
-    let sharded = flag(args, "--sharded").map(|d| {
-        (
-            std::path::PathBuf::from(d),
-            args.iter().any(|a| a == "--resume"),
-        )
-    });
-    let results = wiretrain::run(job, move |ctx| {
-        let rank = ctx.rank();
-        let device = ctx.device();
-        let train = DataLoaderBuilder::new(Spirals)
-            .batch_size(batch)
-            .build(InMemDataset::new(spirals(TRAIN, 0)));
-        let strategy = strategy_for(ctx.pg, &device, &cfg, whole, ctx.stop.clone(), &sharded)?;
-        // Rank 0 renders and logs; the others stay silent and write nothing.
-        let dir = if rank == 0 {
-            out.clone()
-        } else {
-            std::env::temp_dir().join(format!("learner-rank{rank}-{}", std::process::id()))
-        };
-        let mut training = SupervisedTraining::new(&dir, train, valid())
-            .num_epochs(epochs)
-            .metric_train_numeric(LossMetric::new())
-            .with_application_logger(None)
-            .renderer(renderer_for(rank))
-            .with_training_strategy(strategy);
-        if rank != 0 {
-            training = training.with_metric_logger(burn_train::logger::InMemoryMetricLogger::new());
-        } else if checkpoints {
-            training = training.with_default_checkpointers();
-        }
-        let res = training.launch(Learner::new(Net::new(&device), adamw(), LR));
-        if rank != 0 {
-            let _ = std::fs::remove_dir_all(&dir);
-        }
-        match res.error {
-            Some(e) => Err(e.to_string()),
-            None => Ok(res.interrupted.is_some()),
-        }
-    })
-    .map_err(|e| match e {
-        wiretrain::RunError::Device(_) | wiretrain::RunError::Job(_) => bad(e),
-        other => (1, other.to_string()),
-    })?;
-    if results.iter().any(|i| *i) {
-        eprintln!("learner: interrupted; every rank stopped after the same step");
-        std::process::exit(130);
+    Ok((cfg, whole))
+}
+
+/// One rank's training with Burn's `SupervisedTraining`; whether it was interrupted.
+fn train_rank(ctx: RankContext, setup: &Setup) -> Result<bool, String> {
+    let rank = ctx.rank();
+    let device = ctx.device();
+    let train = DataLoaderBuilder::new(Spirals)
+        .batch_size(setup.batch)
+        .build(InMemDataset::new(spirals(TRAIN, 0)));
+    let strategy = strategy_for(ctx.pg, &device, setup, ctx.stop.clone())?;
+    // Rank 0 renders and logs; the others stay silent and write nothing.
+    let dir = if rank == 0 {
+        setup.out.clone()
+    } else {
+        std::env::temp_dir().join(format!("learner-rank{rank}-{}", std::process::id()))
+    };
+    let mut training = SupervisedTraining::new(&dir, train, valid())
+        .num_epochs(setup.epochs)
+        .metric_train_numeric(LossMetric::new())
+        .with_application_logger(None)
+        .renderer(renderer_for(rank))
+        .with_training_strategy(strategy);
+    if rank != 0 {
+        training = training.with_metric_logger(burn_train::logger::InMemoryMetricLogger::new());
+    } else if setup.checkpoints {
+        training = training.with_default_checkpointers();
     }
-    Ok(())
+    let res = training.launch(Learner::new(Net::new(&device), adamw(), LR));
+    if rank != 0 {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    match res.error {
+        Some(e) => Err(e.to_string()),
+        None => Ok(res.interrupted.is_some()),
+    }
 }
 
 /// Validation batches (the same on every rank).
@@ -349,27 +380,23 @@ fn reference(
 fn strategy_for(
     pg: wiretrain::comm::ProcessGroup,
     device: &Device,
-    cfg: &TrainerConfig,
-    whole: bool,
+    setup: &Setup,
     stop: Arc<std::sync::atomic::AtomicBool>,
-    sharded: &Option<(std::path::PathBuf, bool)>,
 ) -> Result<TrainingStrategy<Net>, String> {
-    let device = device.clone();
-    Ok(TrainingStrategy::Custom(if whole {
-        let mut s = WiretrainStrategy::new(pg, device, cfg.clone())
-            .map_err(|e| e.to_string())?
-            .with_stop_flag(stop);
-        if let Some((d, resume)) = sharded {
-            s = s.sharded_checkpoints(d, 2, *resume);
-        }
-        Arc::new(s)
+    let (device, cfg) = (device.clone(), setup.cfg.clone());
+    // The two kinds of strategy take the same settings.
+    macro_rules! configured {
+        ($strategy:expr) => {{
+            let mut s = $strategy.map_err(|e| e.to_string())?.with_stop_flag(stop);
+            if let Some((d, resume)) = &setup.sharded {
+                s = s.sharded_checkpoints(d, 2, *resume);
+            }
+            Arc::new(s)
+        }};
+    }
+    Ok(TrainingStrategy::Custom(if setup.whole {
+        configured!(WiretrainStrategy::new(pg, device, cfg))
     } else {
-        let mut s = WiretrainStrategy::units(pg, device, cfg.clone())
-            .map_err(|e| e.to_string())?
-            .with_stop_flag(stop);
-        if let Some((d, resume)) = sharded {
-            s = s.sharded_checkpoints(d, 2, *resume);
-        }
-        Arc::new(s)
+        configured!(WiretrainStrategy::units(pg, device, cfg))
     }))
 }

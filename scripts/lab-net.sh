@@ -5,7 +5,12 @@
 # wiretrain job in chosen namespaces, `link` measures the link between namespaces 0 and 1
 # with `wiretrain bench --op p2p`, `compute_tflops` the compute rate with `wiretrain bench
 # --op compute`; everything is removed on exit.
-# Needs root; the caller checks that and sets NODES.
+# The caller sets NODES. Checks for root, iproute2 and the binary ($BIN, default the debug
+# build) first: exit 77 (skip) without root or iproute2, 2 without the binary.
+BIN=${BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}/debug/wiretrain}
+[ -x "$BIN" ] || { echo "lab: no wiretrain binary at $BIN"; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "lab: SKIP: needs root for ip netns and tc"; exit 77; }
+command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iproute2 not installed"; exit 77; }
 id=$$; hub="wtlab${id}hub"; net=10.215.$((id % 250))
 tmp=$(mktemp -d)
 ns() { echo "wtlab${id}n$1"; }

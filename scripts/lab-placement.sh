@@ -18,11 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=2; RATES=${RATES:-"200 50"}; STEPS=${STEPS:-8}; BATCH=${BATCH:-32}
 EXAMPLE=${EXAMPLE:-char-lm}; EXTRA=${EXTRA:---d-model 256}; LIMIT=${LIMIT:-300}
-BIN=${BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}/debug/wiretrain}
 OUT=${OUT:-placement-$(date +%Y%m%d-%H%M%S).csv}
-[ -x "$BIN" ] || { echo "lab: no wiretrain binary at $BIN"; exit 2; }
-[ "$(id -u)" = 0 ] || { echo "lab: SKIP: needs root for ip netns and tc"; exit 77; }
-command -v ip >/dev/null && command -v tc >/dev/null || { echo "lab: SKIP: iproute2 not installed"; exit 77; }
 # shellcheck source=scripts/lab-net.sh
 source "$(dirname "$0")/lab-net.sh"
 

@@ -11,6 +11,7 @@
 //! inside one) with the bytes collective. Every rank then joins the NCCL
 //! communicator with its global rank, on its own CUDA device.
 
+use crate::bench::{BenchOp, BenchRow, BenchSpec};
 use crate::group::{ProcessGroup, ReduceOp};
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use cudarc::nccl::{Comm, Id};
@@ -344,12 +345,10 @@ pub fn share_id(pg: &mut ProcessGroup) -> Result<[std::ffi::c_char; 128], NcclEr
 pub fn bench_rank(
     pg: &mut ProcessGroup,
     device: usize,
-    spec: &crate::bench::BenchSpec,
-    mut on_row: impl FnMut(&crate::bench::BenchRow),
-) -> Result<Vec<crate::bench::BenchRow>, NcclError> {
-    use crate::bench::{BenchOp, BenchRow};
+    spec: &BenchSpec,
+    mut on_row: impl FnMut(&BenchRow),
+) -> Result<Vec<BenchRow>, NcclError> {
     let mut g = NcclGroup::new(pg, device)?;
-    let world = g.world();
     let mut rows = Vec::new();
     for &op in &spec.ops {
         if !matches!(
@@ -359,74 +358,111 @@ pub fn bench_rank(
             continue;
         }
         for &bytes in &spec.sizes {
-            // nccl-tests' sizes: the full buffer, a multiple of the world size.
-            let len = (bytes / 4) / world * world;
-            let host: Vec<f32> = (0..len)
-                .map(|i| ((g.rank() * 7 + i * 3) % 19) as f32 - 9.0)
-                .collect();
-            let mut full = g.upload(&host)?;
-            let mut part = g.upload(&host[..len / world])?;
-            let mut times = Vec::with_capacity(spec.iters);
-            for it in 0..spec.warmup + spec.iters {
-                g.sync()?;
-                pg.barrier()?;
-                let t = std::time::Instant::now();
-                match op {
-                    BenchOp::AllReduce => g.all_reduce(&mut full, spec.reduce)?,
-                    BenchOp::ReduceScatter => g.reduce_scatter(&full, &mut part, spec.reduce)?,
-                    BenchOp::AllGather => g.all_gather(&part, &mut full)?,
-                    _ => g.broadcast(&mut full, it % world)?,
-                }
-                g.sync()?;
-                if it >= spec.warmup {
-                    times.push(t.elapsed().as_secs_f64());
-                }
-                if op == BenchOp::AllReduce {
-                    // Fresh input for the next iteration (and the check).
-                    full = g.upload(&host)?;
-                }
-            }
-            let mut wrong = 0u64;
-            if spec.check && op == BenchOp::AllReduce {
-                let mut probe = g.upload(&host)?;
-                g.all_reduce(&mut probe, spec.reduce)?;
-                let got = g.download(&probe)?;
-                for (i, v) in got.iter().enumerate() {
-                    let s: f32 = (0..world)
-                        .map(|r| ((r * 7 + i * 3) % 19) as f32 - 9.0)
-                        .sum();
-                    let want = match spec.reduce {
-                        ReduceOp::Sum => s,
-                        ReduceOp::Mean => s / world as f32,
-                    };
-                    if (v - want).abs() > 1e-6 * want.abs().max(1.0) {
-                        wrong += 1;
-                    }
-                }
-            }
-            times.sort_by(f64::total_cmp);
-            let t = times.get(times.len() / 2).copied().unwrap_or(0.0);
-            let algbw = if t > 0.0 {
-                4.0 * len as f64 / t / 1e9
-            } else {
-                0.0
-            };
-            let row = BenchRow {
-                op: op.name(),
-                bytes: 4 * len,
-                nodes: pg.table().num_nodes(),
-                ranks: world,
-                time_us: t * 1e6,
-                algbw_gbps: algbw,
-                busbw_gbps: algbw * op.bus_factor(world),
-                wrong,
-                iters: spec.iters,
-                wire: "f32",
-                wire_bytes: 0,
-            };
+            let row = bench_row(&mut g, pg, spec, op, bytes)?;
             on_row(&row);
             rows.push(row);
         }
     }
     Ok(rows)
+}
+
+/// Element `i` of rank `rank`'s benchmark input (the check recomputes it for every rank).
+fn bench_value(rank: usize, i: usize) -> f32 {
+    ((rank * 7 + i * 3) % 19) as f32 - 9.0
+}
+
+/// One row of the NCCL benchmark: `op` on a buffer of `bytes` (rounded down to whole f32s
+/// per rank).
+fn bench_row(
+    g: &mut NcclGroup,
+    pg: &mut ProcessGroup,
+    spec: &BenchSpec,
+    op: BenchOp,
+    bytes: usize,
+) -> Result<BenchRow, NcclError> {
+    let world = g.world();
+    // nccl-tests' sizes: the full buffer, a multiple of the world size.
+    let len = (bytes / 4) / world * world;
+    let host: Vec<f32> = (0..len).map(|i| bench_value(g.rank(), i)).collect();
+    let t = median_time(g, pg, spec, op, &host)?;
+    let wrong = if spec.check && op == BenchOp::AllReduce {
+        all_reduce_errors(g, spec.reduce, &host)?
+    } else {
+        0
+    };
+    let algbw = if t > 0.0 {
+        4.0 * len as f64 / t / 1e9
+    } else {
+        0.0
+    };
+    Ok(BenchRow {
+        op: op.name(),
+        bytes: 4 * len,
+        nodes: pg.table().num_nodes(),
+        ranks: world,
+        time_us: t * 1e6,
+        algbw_gbps: algbw,
+        busbw_gbps: algbw * op.bus_factor(world),
+        wrong,
+        iters: spec.iters,
+        wire: "f32",
+        wire_bytes: 0,
+    })
+}
+
+/// The median time of `spec.iters` runs of `op` on `host`'s data, after `spec.warmup`
+/// untimed ones; every run starts on a barrier of all ranks.
+fn median_time(
+    g: &mut NcclGroup,
+    pg: &mut ProcessGroup,
+    spec: &BenchSpec,
+    op: BenchOp,
+    host: &[f32],
+) -> Result<f64, NcclError> {
+    let world = g.world();
+    let mut full = g.upload(host)?;
+    let mut part = g.upload(&host[..host.len() / world])?;
+    let mut times = Vec::with_capacity(spec.iters);
+    for it in 0..spec.warmup + spec.iters {
+        g.sync()?;
+        pg.barrier()?;
+        let t = std::time::Instant::now();
+        match op {
+            BenchOp::AllReduce => g.all_reduce(&mut full, spec.reduce)?,
+            BenchOp::ReduceScatter => g.reduce_scatter(&full, &mut part, spec.reduce)?,
+            BenchOp::AllGather => g.all_gather(&part, &mut full)?,
+            _ => g.broadcast(&mut full, it % world)?,
+        }
+        g.sync()?;
+        if it >= spec.warmup {
+            times.push(t.elapsed().as_secs_f64());
+        }
+        if op == BenchOp::AllReduce {
+            // Fresh input for the next iteration (and the check).
+            full = g.upload(host)?;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times.get(times.len() / 2).copied().unwrap_or(0.0))
+}
+
+/// How many elements of an all-reduce of `host` differ from the serial reduction of every
+/// rank's input.
+fn all_reduce_errors(g: &NcclGroup, reduce: ReduceOp, host: &[f32]) -> Result<u64, NcclError> {
+    let world = g.world();
+    let mut probe = g.upload(host)?;
+    g.all_reduce(&mut probe, reduce)?;
+    let got = g.download(&probe)?;
+    let mut wrong = 0u64;
+    for (i, v) in got.iter().enumerate() {
+        let s: f32 = (0..world).map(|r| bench_value(r, i)).sum();
+        let want = match reduce {
+            ReduceOp::Sum => s,
+            ReduceOp::Mean => s / world as f32,
+        };
+        if (v - want).abs() > 1e-6 * want.abs().max(1.0) {
+            wrong += 1;
+        }
+    }
+    Ok(wrong)
 }

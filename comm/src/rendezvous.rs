@@ -444,16 +444,16 @@ pub async fn join(
         pinned = cfg.master_sha256.is_some(),
         "dialing the coordinator"
     );
+    let by = start + cfg.rendezvous_timeout;
     let conn = dial(
         ep,
         identity,
         cfg,
         cfg.master,
-        start + cfg.rendezvous_timeout,
+        by,
         cfg.master_sha256.as_deref(),
     )
     .await?;
-    let by = start + cfg.rendezvous_timeout;
     let (mut send, mut recv) =
         open_bi_by(by, &conn)
             .await
@@ -461,18 +461,7 @@ pub async fn join(
                 peer: format!("coordinator at {}", cfg.master),
                 reason,
             })?;
-    let local = ep.local_addr().map_err(|e| TransportError::Connect {
-        peer: "local endpoint".into(),
-        reason: e.to_string(),
-    })?;
-    let hello = Control::Hello {
-        version: cfg.protocol_version_override.unwrap_or(PROTOCOL_VERSION),
-        node_rank: cfg.node_rank,
-        nnodes: cfg.nnodes,
-        listen_ip: Some(local.ip()),
-        listen_port: local.port(),
-        devices: cfg.devices.clone(),
-    };
+    let hello = own_hello(ep, cfg)?;
     send_control_by(by, &mut send, &hello)
         .await
         .map_err(|reason| RendezvousError::Refused {
@@ -480,22 +469,7 @@ pub async fn join(
         })?;
     // The coordinator answers once every node is in, or when its own timeout passes.
     let wait = start + cfg.rendezvous_timeout * 2 + Duration::from_secs(5);
-    let reply = match timeout_at(wait, recv_control(&mut recv)).await {
-        Ok(Ok(m)) => m,
-        Ok(Err(e)) => {
-            let why = conn
-                .close_reason()
-                .map(|c| describe_conn_error(&c))
-                .unwrap_or(e);
-            return Err(RendezvousError::Refused { reason: why });
-        }
-        Err(_) => {
-            return Err(RendezvousError::Refused {
-                reason: "the coordinator sent no rank table in time".into(),
-            });
-        }
-    };
-    match reply {
+    match recv_reply_by(wait, &conn, &mut recv).await? {
         Control::Welcome { node, table } => {
             check_welcome(node, &table, &conn, identity, cfg)?;
             Ok((
@@ -512,6 +486,45 @@ pub async fn join(
         Control::Refused { reason } => Err(RendezvousError::Refused { reason }),
         other => Err(RendezvousError::Refused {
             reason: format!("unexpected reply {other:?}"),
+        }),
+    }
+}
+
+/// This node's hello to the coordinator: its node rank (if it has one), the address it
+/// listens on (that of `ep`) and its ranks' devices.
+fn own_hello(ep: &Endpoint, cfg: &NodeConfig) -> Result<Control, RendezvousError> {
+    let local = ep.local_addr().map_err(|e| TransportError::Connect {
+        peer: "local endpoint".into(),
+        reason: e.to_string(),
+    })?;
+    Ok(Control::Hello {
+        version: cfg.protocol_version_override.unwrap_or(PROTOCOL_VERSION),
+        node_rank: cfg.node_rank,
+        nnodes: cfg.nnodes,
+        listen_ip: Some(local.ip()),
+        listen_port: local.port(),
+        devices: cfg.devices.clone(),
+    })
+}
+
+/// The coordinator's reply on the control stream, by `wait`; when the stream fails, the
+/// reason the coordinator closed the connection with, where it gave one.
+async fn recv_reply_by(
+    wait: Instant,
+    conn: &Connection,
+    recv: &mut RecvStream,
+) -> Result<Control, RendezvousError> {
+    match timeout_at(wait, recv_control(recv)).await {
+        Ok(Ok(m)) => Ok(m),
+        Ok(Err(e)) => {
+            let why = conn
+                .close_reason()
+                .map(|c| describe_conn_error(&c))
+                .unwrap_or(e);
+            Err(RendezvousError::Refused { reason: why })
+        }
+        Err(_) => Err(RendezvousError::Refused {
+            reason: "the coordinator sent no rank table in time".into(),
         }),
     }
 }

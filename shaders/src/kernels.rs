@@ -28,6 +28,19 @@ pub struct AdamWHyper {
     pub weight_decay: f32,
 }
 
+impl Default for AdamWHyper {
+    /// PyTorch's `AdamW` defaults: lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight decay 0.01.
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: 0.01,
+        }
+    }
+}
+
 /// How many times each kernel ran (calls, not chunks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {

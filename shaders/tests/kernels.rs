@@ -7,6 +7,8 @@
 //! Skipped with a printed reason when the machine has no Vulkan/Metal/DX12 adapter at all;
 //! under `CI=true` that fails instead.
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use wiretrain_shaders::{AdamWHyper, Half, Kernels};
 
 fn kernels() -> Option<Kernels> {
@@ -25,17 +27,14 @@ fn kernels() -> Option<Kernels> {
     }
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn f32(&mut self) -> f32 {
-        (self.next() % 2_000_001) as f32 / 1_000_000.0 - 1.0
-    }
+/// A seeded generator, so every run checks the same inputs.
+fn rng(seed: u64) -> StdRng {
+    StdRng::seed_from_u64(seed)
+}
+
+/// A uniform value in [-1, 1].
+fn unit(r: &mut StdRng) -> f32 {
+    r.random_range(-1.0f32..=1.0)
 }
 
 /// Special values and random bit patterns (every class of float: NaNs with payloads,
@@ -66,9 +65,9 @@ fn cast_inputs(n: usize) -> Vec<f32> {
         6.1e-5,
         -3.0e-6,
     ];
-    let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+    let mut r = rng(0x9e37_79b9_7f4a_7c15);
     while v.len() < n {
-        v.push(f32::from_bits(r.next() as u32));
+        v.push(f32::from_bits(r.random::<u32>()));
     }
     v.truncate(n);
     v
@@ -177,20 +176,14 @@ fn rel(a: f32, b: f32) -> f32 {
 }
 
 fn check_adamw(k: &Kernels, n: usize) {
-    let h = AdamWHyper {
-        lr: 1e-3,
-        beta1: 0.9,
-        beta2: 0.999,
-        eps: 1e-8,
-        weight_decay: 0.01,
-    };
-    let mut r = Rng(42);
-    let mut p: Vec<f32> = (0..n).map(|_| r.f32()).collect();
+    let h = AdamWHyper::default();
+    let mut r = rng(42);
+    let mut p: Vec<f32> = (0..n).map(|_| unit(&mut r)).collect();
     let (mut m, mut v) = (vec![0.0f32; n], vec![0.0f32; n]);
     let mut shard = k.adamw_shard(&p).unwrap();
     let gg = k.zeros(n).unwrap();
     for t in 1..=5 {
-        let g: Vec<f32> = (0..n).map(|_| r.f32() * 0.1).collect();
+        let g: Vec<f32> = (0..n).map(|_| unit(&mut r) * 0.1).collect();
         k.write(&gg, &g).unwrap();
         k.adamw_step(&mut shard, &gg, &h).unwrap();
         assert_eq!(shard.t, t);
@@ -220,9 +213,9 @@ fn fused_adamw_matches_burns_formula() {
 }
 
 fn check_int8(k: &Kernels, n: usize) {
-    let mut r = Rng(7);
+    let mut r = rng(7);
     let mut x: Vec<f32> = (0..n)
-        .map(|i| r.f32() * 10f32.powi((i / 128 % 9) as i32 - 4))
+        .map(|i| unit(&mut r) * 10f32.powi((i / 128 % 9) as i32 - 4))
         .collect();
     // A zero block, and a block with a NaN and one with Inf.
     for v in x.iter_mut().take(256).skip(128) {
@@ -301,9 +294,9 @@ fn reduce_sums_n_buffers_with_a_scale() {
         (3, 70_001, 0.5),
         (6, 4097, 1.0 / 6.0),
     ] {
-        let mut r = Rng(count as u64 + 11);
+        let mut r = rng(count as u64 + 11);
         let xs: Vec<Vec<f32>> = (0..count)
-            .map(|_| (0..n).map(|_| r.f32()).collect())
+            .map(|_| (0..n).map(|_| unit(&mut r)).collect())
             .collect();
         let bufs: Vec<_> = xs.iter().map(|x| k.upload(x).unwrap()).collect();
         let refs: Vec<_> = bufs.iter().collect();

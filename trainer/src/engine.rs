@@ -336,10 +336,7 @@ impl<M: Module> Trainer<M> {
     }
 
     /// The context a sync works in during a step timed by `clock`.
-    fn sync_cx<'a>(
-        &'a mut self,
-        clock: &'a StepClock,
-    ) -> (SyncCx<'a>, &'a mut dyn GradSync, &'a mut Held) {
+    fn sync_cx<'a>(&'a mut self, clock: &'a StepClock) -> (SyncCx<'a>, &'a mut dyn GradSync) {
         let cx = SyncCx {
             pg: &mut self.pg,
             layout: &self.layout,
@@ -348,8 +345,9 @@ impl<M: Module> Trainer<M> {
             wire: self.cfg.wire,
             lr: self.cfg.lr,
             sample_weight: self.sample_weight,
+            held: &mut self.held,
         };
-        (cx, self.sync.as_mut(), &mut self.held)
+        (cx, self.sync.as_mut())
     }
 
     /// Communicates `grads` (scaled by `grad_scale`) under the strategy, updates the owned
@@ -362,10 +360,10 @@ impl<M: Module> Trainer<M> {
         local_loss: f32,
         clock: StepClock,
     ) -> Result<StepReport, TrainError> {
-        let (mut cx, sync, held) = self.sync_cx(&clock);
-        let grad = sync.reduce(&mut cx, held, &mut grads)?;
+        let (mut cx, sync) = self.sync_cx(&clock);
+        let grad = sync.reduce(&mut cx, &mut grads)?;
         drop(grads);
-        sync.update(&mut cx, held, &grad, grad_scale)?;
+        sync.update(&mut cx, &grad, grad_scale)?;
         drop(grad);
         let unflatten = clock.enter(Phase::Compute, "unflatten");
         let model = self.layout.unflatten(model, &self.held.params);

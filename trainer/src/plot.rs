@@ -1,9 +1,12 @@
-//! A PNG of a training run: loss and throughput by step, drawn with plotters.
+//! PNGs of a training run, drawn with plotters: loss and throughput by step, the step's
+//! split per rank, bus bandwidth over time, and the wiring lab's throughput by link rate.
 //!
 //! The text uses DejaVu Sans Mono, compiled into the binary (`trainer/assets/`, free
 //! licence), so the plot looks the same on every machine and needs no system fonts.
 
 use crate::fit::PlotPoint;
+use plotters::coord::Shift;
+use plotters::coord::types::RangedCoordf64;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -14,6 +17,11 @@ pub struct PlotError {
     path: String,
     msg: String,
 }
+
+type Drawn = Result<(), Box<dyn std::error::Error + Send + Sync>>;
+type Area<'a> = DrawingArea<BitMapBackend<'a>, Shift>;
+type Lines<'a, 'b> =
+    ChartContext<'a, BitMapBackend<'b>, Cartesian2d<RangedCoordf64, RangedCoordf64>>;
 
 static FONT: &[u8] = include_bytes!("../assets/DejaVuSansMono.ttf");
 
@@ -26,23 +34,77 @@ fn register_font() -> Result<(), String> {
     .clone()
 }
 
-/// Draws loss (top) and samples/s (bottom) against the step into a 1000×700 PNG at `path`.
-/// Non-finite values are left out; an empty series gives an error, not an empty picture.
-pub fn plot_run(path: &Path, title: &str, points: &[PlotPoint]) -> Result<(), PlotError> {
+/// Draws with `draw` into `path` once the font is registered; `nothing` is the error when
+/// there is nothing to draw (an empty picture is never written).
+fn render(
+    path: &Path,
+    nothing: Option<&str>,
+    draw: impl FnOnce() -> Drawn,
+) -> Result<(), PlotError> {
     let err = |msg: String| PlotError {
         path: path.display().to_string(),
         msg,
     };
+    if let Some(why) = nothing {
+        return Err(err(why.into()));
+    }
+    register_font().map_err(err)?;
+    draw().map_err(|e| err(e.to_string()))
+}
+
+/// A white `size` picture at `path` under `title`.
+fn canvas<'a>(
+    path: &'a Path,
+    size: (u32, u32),
+    title: &str,
+) -> Result<Area<'a>, Box<dyn std::error::Error + Send + Sync>> {
+    let root = BitMapBackend::new(path, size).into_drawing_area();
+    root.fill(&WHITE)?;
+    Ok(root.titled(title, ("sans-serif", 22))?)
+}
+
+/// A chart on `area` with the house margins and axis label room.
+fn chart_on<'a, 'b>(area: &'a Area<'b>) -> ChartBuilder<'a, 'b, BitMapBackend<'b>> {
+    let mut b = ChartBuilder::on(area);
+    b.margin(12).x_label_area_size(36).y_label_area_size(70);
+    b
+}
+
+/// The series' legend at `pos`.
+fn legend<'b, CT: CoordTranslate>(
+    chart: &mut ChartContext<'b, BitMapBackend<'b>, CT>,
+    pos: SeriesLabelPosition,
+) -> Drawn {
+    chart
+        .configure_series_labels()
+        .position(pos)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .draw()?;
+    Ok(())
+}
+
+/// One labelled line of the `i`-th colour.
+fn line(chart: &mut Lines<'_, '_>, i: usize, name: &str, v: &[(f64, f64)]) -> Drawn {
+    let color = PARTS[i % PARTS.len()].1;
+    chart
+        .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2)));
+    Ok(())
+}
+
+/// Draws loss (top) and samples/s (bottom) against the step into a 1000×700 PNG at `path`.
+/// Non-finite values are left out; an empty series gives an error, not an empty picture.
+pub fn plot_run(path: &Path, title: &str, points: &[PlotPoint]) -> Result<(), PlotError> {
     let pts: Vec<PlotPoint> = points
         .iter()
         .copied()
         .filter(|p| p.loss.is_finite() && p.samples_per_s.is_finite())
         .collect();
-    if pts.is_empty() {
-        return Err(err("no finite points to draw".into()));
-    }
-    register_font().map_err(err)?;
-    draw(path, title, &pts).map_err(|e| err(e.to_string()))
+    let nothing = pts.is_empty().then_some("no finite points to draw");
+    render(path, nothing, || draw(path, title, &pts))
 }
 
 fn range(v: impl Iterator<Item = f64> + Clone) -> std::ops::Range<f64> {
@@ -52,14 +114,8 @@ fn range(v: impl Iterator<Item = f64> + Clone) -> std::ops::Range<f64> {
     lo - pad..hi + pad
 }
 
-fn draw(
-    path: &Path,
-    title: &str,
-    pts: &[PlotPoint],
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let root = BitMapBackend::new(path, (1000, 700)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 22))?;
+fn draw(path: &Path, title: &str, pts: &[PlotPoint]) -> Drawn {
+    let root = canvas(path, (1000, 700), title)?;
     let (top, bottom) = root.split_vertically(340);
     let last = pts.last().map_or(1, |p| p.step).max(1);
     let steps = 0..last;
@@ -72,11 +128,8 @@ fn draw(
         ),
         (&bottom, "samples/s", BLUE, |p: &PlotPoint| p.samples_per_s),
     ] {
-        let mut chart = ChartBuilder::on(area)
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(70)
-            .build_cartesian_2d(steps.clone(), range(pts.iter().map(get)))?;
+        let mut chart =
+            chart_on(area).build_cartesian_2d(steps.clone(), range(pts.iter().map(get)))?;
         chart
             .configure_mesh()
             .x_desc("step")
@@ -95,15 +148,9 @@ fn draw(
 /// A stacked bar per rank: mean milliseconds per step in each part of the step (compute,
 /// exposed communication, optimizer, data, other), into a PNG at `path`.
 pub fn plot_split(path: &Path, title: &str, ranks: &[(usize, [f64; 5])]) -> Result<(), PlotError> {
-    let err = |msg: String| PlotError {
-        path: path.display().to_string(),
-        msg,
-    };
-    if ranks.is_empty() || ranks.iter().any(|r| r.1.iter().any(|v| !v.is_finite())) {
-        return Err(err("no finite per-rank figures to draw".into()));
-    }
-    register_font().map_err(err)?;
-    draw_split(path, title, ranks).map_err(|e| err(e.to_string()))
+    let bad = ranks.is_empty() || ranks.iter().any(|r| r.1.iter().any(|v| !v.is_finite()));
+    let nothing = bad.then_some("no finite per-rank figures to draw");
+    render(path, nothing, || draw_split(path, title, ranks))
 }
 
 const PARTS: [(&str, RGBColor); 5] = [
@@ -114,14 +161,8 @@ const PARTS: [(&str, RGBColor); 5] = [
     ("other", RGBColor(149, 165, 166)),
 ];
 
-fn draw_split(
-    path: &Path,
-    title: &str,
-    ranks: &[(usize, [f64; 5])],
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
-    root.fill(&WHITE)?;
-    let root = root.titled(title, ("sans-serif", 22))?;
+fn draw_split(path: &Path, title: &str, ranks: &[(usize, [f64; 5])]) -> Drawn {
+    let root = canvas(path, (1000, 600), title)?;
     let top = ranks
         .iter()
         .map(|r| r.1.iter().sum::<f64>())
@@ -129,11 +170,7 @@ fn draw_split(
         .max(1e-6)
         * 1.6;
     let n = ranks.len() as f64;
-    let mut chart = ChartBuilder::on(&root)
-        .margin(12)
-        .x_label_area_size(36)
-        .y_label_area_size(70)
-        .build_cartesian_2d(-0.5..n - 0.5, 0.0..top)?;
+    let mut chart = chart_on(&root).build_cartesian_2d(-0.5..n - 0.5, 0.0..top)?;
     chart
         .configure_mesh()
         .disable_x_mesh()
@@ -154,13 +191,7 @@ fn draw_split(
             .label(*name)
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 12, y + 5)], color.filled()));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperRight)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .draw()?;
+    legend(&mut chart, SeriesLabelPosition::UpperRight)?;
     root.present()?;
     Ok(())
 }
@@ -174,30 +205,17 @@ pub fn plot_lab(
     series: &[(String, Vec<(f64, f64)>)],
     unshaped_at: f64,
 ) -> Result<(), PlotError> {
-    let err = |msg: String| PlotError {
-        path: path.display().to_string(),
-        msg,
-    };
     let pts: Vec<(f64, f64)> = series
         .iter()
         .flat_map(|s| s.1.iter().copied())
         .filter(|p| p.0 > 0.0 && p.0.is_finite() && p.1.is_finite())
         .collect();
-    if pts.is_empty() {
-        return Err(err("no lab points to draw".into()));
-    }
-    register_font().map_err(err)?;
-    (|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let root = BitMapBackend::new(path, (1000, 600)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let root = root.titled(title, ("sans-serif", 22))?;
+    let nothing = pts.is_empty().then_some("no lab points to draw");
+    render(path, nothing, || {
+        let root = canvas(path, (1000, 600), title)?;
         let xr = range(pts.iter().map(|p| p.0.log10()));
         let top = pts.iter().map(|p| p.1).fold(0.0, f64::max) * 1.15;
-        let mut chart = ChartBuilder::on(&root)
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(70)
-            .build_cartesian_2d(xr, 0.0..top.max(1e-9))?;
+        let mut chart = chart_on(&root).build_cartesian_2d(xr, 0.0..top.max(1e-9))?;
         let fmt = move |x: &f64| {
             let v = 10f64.powf(*x);
             if (v - unshaped_at).abs() / unshaped_at < 0.01 {
@@ -214,28 +232,16 @@ pub fn plot_lab(
             .label_style(("sans-serif", 14))
             .draw()?;
         for (i, (name, v)) in series.iter().enumerate() {
-            let color = PARTS[i % PARTS.len()].1;
             let mut v: Vec<(f64, f64)> = v.iter().map(|p| (p.0.log10(), p.1)).collect();
             v.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))?
-                .label(name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
-                });
+            line(&mut chart, i, name, &v)?;
+            let color = PARTS[i % PARTS.len()].1;
             chart.draw_series(v.iter().map(|p| Circle::new(*p, 4, color.filled())))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperLeft)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperLeft)?;
         root.present()?;
         Ok(())
-    })()
-    .map_err(|e| err(e.to_string()))
+    })
 }
 
 /// Bus bandwidth (GB/s) over time (s), one line per collective kind, into a PNG at `path`.
@@ -244,31 +250,19 @@ pub fn plot_busbw(
     title: &str,
     series: &[(String, Vec<(f64, f64)>)],
 ) -> Result<(), PlotError> {
-    let err = |msg: String| PlotError {
-        path: path.display().to_string(),
-        msg,
-    };
     let pts: Vec<(f64, f64)> = series
         .iter()
         .flat_map(|s| s.1.iter().copied())
         .filter(|p| p.0.is_finite() && p.1.is_finite())
         .collect();
-    if pts.is_empty() {
-        return Err(err("no collectives to draw".into()));
-    }
-    register_font().map_err(err)?;
-    (|| -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-        let root = BitMapBackend::new(path, (1000, 500)).into_drawing_area();
-        root.fill(&WHITE)?;
-        let root = root.titled(title, ("sans-serif", 22))?;
-        let mut chart = ChartBuilder::on(&root)
-            .margin(12)
-            .x_label_area_size(36)
-            .y_label_area_size(70)
-            .build_cartesian_2d(
-                range(pts.iter().map(|p| p.0)),
-                range(pts.iter().map(|p| p.1)),
-            )?;
+    let nothing = pts.is_empty().then_some("no collectives to draw");
+    render(path, nothing, || {
+        let root = canvas(path, (1000, 500), title)?;
+        let (xr, yr) = (
+            range(pts.iter().map(|p| p.0)),
+            range(pts.iter().map(|p| p.1)),
+        );
+        let mut chart = chart_on(&root).build_cartesian_2d(xr, yr)?;
         chart
             .configure_mesh()
             .x_desc("time (s)")
@@ -276,25 +270,12 @@ pub fn plot_busbw(
             .label_style(("sans-serif", 14))
             .draw()?;
         for (i, (name, v)) in series.iter().enumerate() {
-            let color = PARTS[i % PARTS.len()].1;
-            chart
-                .draw_series(LineSeries::new(v.iter().copied(), color.stroke_width(2)))?
-                .label(name.as_str())
-                .legend(move |(x, y)| {
-                    PathElement::new([(x, y), (x + 14, y)], color.stroke_width(2))
-                });
+            line(&mut chart, i, name, v)?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::UpperRight)
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()?;
+        legend(&mut chart, SeriesLabelPosition::UpperRight)?;
         root.present()?;
         Ok(())
-    })()
-    .map_err(|e| err(e.to_string()))
+    })
 }
 
 #[cfg(test)]

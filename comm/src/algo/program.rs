@@ -113,6 +113,21 @@ mod tests {
 
     use crate::topology::table_of as table;
 
+    /// Where a simulated call runs: the rank table, the scope's layout, the root, and
+    /// whether it takes the mean.
+    struct Sim<'a> {
+        t: &'a RankTable,
+        lay: &'a Layout,
+        root: usize,
+        mean: bool,
+    }
+
+    impl Sim<'_> {
+        fn rank(&self, n: usize, j: usize) -> usize {
+            self.t.first_rank(n) + j
+        }
+    }
+
     /// Runs `prog` on buffers `b[rank]` as the executor does, with ideal lanes (a ring's
     /// result, not its steps: those are `ring`'s tests), with `lay` the layout of the call's
     /// scope. Scratch left by a phase is NaN.
@@ -124,31 +139,44 @@ mod tests {
         root: usize,
         mean: bool,
     ) {
-        let len = b[0].len();
-        let (nn, lanes) = (t.num_nodes(), lay.lanes());
-        let world = t.world() as f64;
-        let rank = |n: usize, j: usize| t.first_rank(n) + j;
-        if nn == 1 {
-            let k = t.ranks_on(0);
-            let old = b.to_vec();
-            for j in 0..k {
-                let c = lay.chunk(j);
-                let div = if mean { k as f64 } else { 1.0 };
-                let sum = |i: usize| (0..k).map(|r| old[r][i]).sum::<f64>() / div;
-                match prog.single {
-                    Single::AllReduce => c
-                        .clone()
-                        .for_each(|i| (0..k).for_each(|r| b[r][i] = sum(i))),
-                    Single::ReduceScatter => c.clone().for_each(|i| b[j][i] = sum(i)),
-                    Single::Gather => {
-                        (0..k).for_each(|r| c.clone().for_each(|i| b[r][i] = old[j][i]))
-                    }
-                    Single::Broadcast => (0..len).for_each(|i| b[j][i] = old[root][i]),
-                }
-            }
-            return;
+        let sim = Sim { t, lay, root, mean };
+        if t.num_nodes() == 1 {
+            return run_single(prog, &sim, b);
         }
-        // Pre: each lane owner works on its lane's pieces.
+        run_pre(prog, &sim, b);
+        run_lanes(prog, &sim, b);
+        if mean && prog.pre == Pre::Reduce {
+            run_mean(prog, &sim, b);
+        }
+        run_post(prog, &sim, b);
+    }
+
+    /// One node: every rank works on its chunk.
+    fn run_single(prog: Program, sim: &Sim<'_>, b: &mut [Vec<f64>]) {
+        let (t, lay, root, mean) = (sim.t, sim.lay, sim.root, sim.mean);
+        let len = b[0].len();
+        let k = t.ranks_on(0);
+        let old = b.to_vec();
+        for j in 0..k {
+            let c = lay.chunk(j);
+            let div = if mean { k as f64 } else { 1.0 };
+            let sum = |i: usize| (0..k).map(|r| old[r][i]).sum::<f64>() / div;
+            match prog.single {
+                Single::AllReduce => c
+                    .clone()
+                    .for_each(|i| (0..k).for_each(|r| b[r][i] = sum(i))),
+                Single::ReduceScatter => c.clone().for_each(|i| b[j][i] = sum(i)),
+                Single::Gather => (0..k).for_each(|r| c.clone().for_each(|i| b[r][i] = old[j][i])),
+                Single::Broadcast => (0..len).for_each(|i| b[j][i] = old[root][i]),
+            }
+        }
+    }
+
+    /// Pre: each lane owner works on its lane's pieces.
+    fn run_pre(prog: Program, sim: &Sim<'_>, b: &mut [Vec<f64>]) {
+        let (t, lay, root) = (sim.t, sim.lay, sim.root);
+        let (nn, lanes) = (t.num_nodes(), lay.lanes());
+        let rank = |n: usize, j: usize| sim.rank(n, j);
         for n in 0..nn {
             let k = t.ranks_on(n);
             for l in 0..lanes {
@@ -171,7 +199,13 @@ mod tests {
                 }
             }
         }
-        // Lanes: lane l of every node, over piece (n', l) of every node n'.
+    }
+
+    /// Lanes: lane l of every node, over piece (n', l) of every node n'.
+    fn run_lanes(prog: Program, sim: &Sim<'_>, b: &mut [Vec<f64>]) {
+        let (t, lay, root) = (sim.t, sim.lay, sim.root);
+        let (nn, lanes) = (t.num_nodes(), lay.lanes());
+        let rank = |n: usize, j: usize| sim.rank(n, j);
         for l in 0..lanes {
             let owners: Vec<usize> = (0..nn).map(|n| rank(n, l)).collect();
             let before: Vec<Vec<f64>> = owners.iter().map(|&o| b[o].clone()).collect();
@@ -189,23 +223,34 @@ mod tests {
                 }
             }
         }
-        // Mean, on what the lane owner holds reduced.
-        if mean && prog.pre == Pre::Reduce {
-            for n in 0..nn {
-                for l in 0..lanes {
-                    let owned = if prog.only_own_piece_reduced() {
-                        vec![lay.piece(n, l)]
-                    } else {
-                        lay.lane_pieces(l)
-                    };
-                    owned
-                        .into_iter()
-                        .flatten()
-                        .for_each(|i| b[rank(n, l)][i] /= world);
-                }
+    }
+
+    /// Mean, on what the lane owner holds reduced.
+    fn run_mean(prog: Program, sim: &Sim<'_>, b: &mut [Vec<f64>]) {
+        let (t, lay) = (sim.t, sim.lay);
+        let world = t.world() as f64;
+        let (nn, lanes) = (t.num_nodes(), lay.lanes());
+        let rank = |n: usize, j: usize| sim.rank(n, j);
+        for n in 0..nn {
+            for l in 0..lanes {
+                let owned = if prog.only_own_piece_reduced() {
+                    vec![lay.piece(n, l)]
+                } else {
+                    lay.lane_pieces(l)
+                };
+                owned
+                    .into_iter()
+                    .flatten()
+                    .for_each(|i| b[rank(n, l)][i] /= world);
             }
         }
-        // Post: every rank copies from the lane owners of its node.
+    }
+
+    /// Post: every rank copies from the lane owners of its node.
+    fn run_post(prog: Program, sim: &Sim<'_>, b: &mut [Vec<f64>]) {
+        let (t, lay) = (sim.t, sim.lay);
+        let (nn, lanes) = (t.num_nodes(), lay.lanes());
+        let rank = |n: usize, j: usize| sim.rank(n, j);
         let after = b.to_vec();
         for n in 0..nn {
             for j in 0..t.ranks_on(n) {

@@ -14,8 +14,15 @@ struct Params {
 @group(0) @binding(1) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(2) var<uniform> p: Params;
 
-fn index(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
-    return (wg.y * nwg.x + wg.x) * 256u + li;
+// Where a thread is: workgroups run over a 2-D grid when one dimension is not enough.
+struct Thread {
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(num_workgroups) nwg: vec3<u32>,
+    @builtin(local_invocation_index) li: u32,
+}
+
+fn index(t: Thread) -> u32 {
+    return (t.wg.y * t.nwg.x + t.wg.x) * 256u + t.li;
 }
 
 fn bf16_of(x: u32) -> u32 {
@@ -100,52 +107,56 @@ fn f32_of_f16(i: u32) -> u32 {
     return sign | ex | (half_man << 13u);
 }
 
-@compute @workgroup_size(256)
-fn to_bf16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-           @builtin(local_invocation_index) li: u32) {
-    let i = index(wg, nwg, li);
+// The f32 bits `x` as bf16 (`bf`) or f16 bits.
+fn narrow(x: u32, bf: bool) -> u32 {
+    if (bf) {
+        return bf16_of(x);
+    }
+    return f16_of(x);
+}
+
+// Packs elements 2i and 2i+1 (0 past the end) into dst[i], low half first.
+fn pack_pair(i: u32, bf: bool) {
     let a = 2u * i;
     if (a >= p.n) {
         return;
     }
     var hi = 0u;
     if (a + 1u < p.n) {
-        hi = bf16_of(src[a + 1u]);
+        hi = narrow(src[a + 1u], bf);
     }
-    dst[i] = bf16_of(src[a]) | (hi << 16u);
+    dst[i] = narrow(src[a], bf) | (hi << 16u);
 }
 
-@compute @workgroup_size(256)
-fn to_f16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-          @builtin(local_invocation_index) li: u32) {
-    let i = index(wg, nwg, li);
-    let a = 2u * i;
-    if (a >= p.n) {
-        return;
-    }
-    var hi = 0u;
-    if (a + 1u < p.n) {
-        hi = f16_of(src[a + 1u]);
-    }
-    dst[i] = f16_of(src[a]) | (hi << 16u);
-}
-
-@compute @workgroup_size(256)
-fn from_bf16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) li: u32) {
-    let i = index(wg, nwg, li);
+// Element i, the low (even i) or high half of src[i / 2], widened to f32 bits.
+fn unpack(i: u32, bf: bool) {
     if (i >= p.n) {
         return;
     }
-    dst[i] = f32_of_bf16((src[i / 2u] >> (16u * (i % 2u))) & 0xffffu);
+    let h = (src[i / 2u] >> (16u * (i % 2u))) & 0xffffu;
+    if (bf) {
+        dst[i] = f32_of_bf16(h);
+    } else {
+        dst[i] = f32_of_f16(h);
+    }
 }
 
 @compute @workgroup_size(256)
-fn from_f16(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-            @builtin(local_invocation_index) li: u32) {
-    let i = index(wg, nwg, li);
-    if (i >= p.n) {
-        return;
-    }
-    dst[i] = f32_of_f16((src[i / 2u] >> (16u * (i % 2u))) & 0xffffu);
+fn to_bf16(t: Thread) {
+    pack_pair(index(t), true);
+}
+
+@compute @workgroup_size(256)
+fn to_f16(t: Thread) {
+    pack_pair(index(t), false);
+}
+
+@compute @workgroup_size(256)
+fn from_bf16(t: Thread) {
+    unpack(index(t), true);
+}
+
+@compute @workgroup_size(256)
+fn from_f16(t: Thread) {
+    unpack(index(t), false);
 }

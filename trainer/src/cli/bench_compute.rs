@@ -108,6 +108,46 @@ pub fn run_rank(
     let spec: DeviceSpec = args.device.parse().map_err(anyhow::Error::msg)?;
     let rd = select(spec).map_err(|e| crate::cli::usage_error(format!("--device: {e}")))?;
     let device = rd.device.clone().autodiff();
+    let m = measure(job, args, example, &device, iters, warmup)?;
+    let Some(t) = slowest_medians(job, &m.reports)? else {
+        return Ok(None);
+    };
+    let b = args.batch;
+    let flops = 6.0 * m.params as f64 * (b * m.seq) as f64;
+    Ok(Some(ComputeRow {
+        op: "compute",
+        example: example.to_string(),
+        device: rd.description,
+        params: m.params,
+        batch: b,
+        seq: m.seq,
+        nodes,
+        ranks: job.world(),
+        time_us: t.step_ms * 1e3,
+        compute_ms: t.compute_ms,
+        optim_ms: t.optim_ms,
+        tflops: flops / (t.compute_ms * 1e-3) / 1e12,
+        step_tflops: flops / (t.step_ms * 1e-3) / 1e12,
+    }))
+}
+
+/// What one rank measured: the model's parameter count, tokens per sample and the timed
+/// steps' reports.
+struct Measured {
+    params: usize,
+    seq: usize,
+    reports: Vec<StepReport>,
+}
+
+/// Trains `example` on `device` in a one-rank job of this rank's own and times its steps.
+fn measure(
+    job: &mut ProcessGroup,
+    args: &ComputeArgs,
+    example: Example,
+    device: &burn::tensor::Device,
+    iters: usize,
+    warmup: usize,
+) -> Result<Measured> {
     // A one-rank job of this rank's own: the trainer's all-reduces stay in this thread.
     let token = Token::generate();
     let mut solo = Node::join(NodeConfig::single_node(1, token)).context("a one-rank job")?;
@@ -123,28 +163,44 @@ pub fn run_rank(
     let (params, seq, reports) = match example {
         Example::Mlp => {
             let data = Arc::new(Dataset::synthetic(DATASET, seed));
-            let t = Trainer::new(Mlp::new(&device, seed), &device, tc, pg)?;
+            let t = Trainer::new(Mlp::new(device, seed), device, tc, pg)?;
             let n = t.layout().total();
             let r = timed(job, t, iters, warmup, |t, i| {
                 let idx = window(i, b, data.len());
-                t.step(|m| m.loss(&data, &idx, &device))
+                t.step(|m| m.loss(&data, &idx, device))
             })?;
             (n, 1, r)
         }
         Example::CharLm => {
             let corpus = Arc::new(Corpus::shipped(CHAR_SEQ));
-            let model = char_lm(&corpus, args.d_model, args.layers, &device, seed);
-            let t = Trainer::new(model, &device, tc, pg)?;
+            let model = char_lm(&corpus, args.d_model, args.layers, device, seed);
+            let t = Trainer::new(model, device, tc, pg)?;
             let n = t.layout().total();
             let r = timed(job, t, iters, warmup, |t, i| {
                 let idx = window(i, b, corpus.len());
-                t.step(|m| m.loss(&corpus, &idx, &device))
+                t.step(|m| m.loss(&corpus, &idx, device))
             })?;
             (n, corpus.seq(), r)
         }
     };
     solo.shutdown().context("closing the one-rank job")?;
-    // Every rank's medians to every rank; the slowest rank's are reported.
+    Ok(Measured {
+        params,
+        seq,
+        reports,
+    })
+}
+
+/// Median milliseconds per step: the whole step, forward-backward, and the optimizer.
+struct Medians {
+    step_ms: f64,
+    compute_ms: f64,
+    optim_ms: f64,
+}
+
+/// Every rank's medians to every rank; rank 0 gets the slowest rank's (by whole step), the
+/// others `None`.
+fn slowest_medians(job: &mut ProcessGroup, reports: &[StepReport]) -> Result<Option<Medians>> {
     let world = job.world();
     let mut mine = vec![0.0f32; 3 * world];
     let med = |f: fn(&StepReport) -> f64| median(reports.iter().map(f).collect());
@@ -162,26 +218,10 @@ pub fn run_rank(
     let slowest = (0..world)
         .max_by(|&a, &b| all[3 * a].total_cmp(&all[3 * b]))
         .unwrap_or(0);
-    let (step_ms, compute_ms, optim_ms) = (
-        f64::from(all[3 * slowest]),
-        f64::from(all[3 * slowest + 1]),
-        f64::from(all[3 * slowest + 2]),
-    );
-    let flops = 6.0 * params as f64 * (b * seq) as f64;
-    Ok(Some(ComputeRow {
-        op: "compute",
-        example: example.to_string(),
-        device: rd.description,
-        params,
-        batch: b,
-        seq,
-        nodes,
-        ranks: world,
-        time_us: step_ms * 1e3,
-        compute_ms,
-        optim_ms,
-        tflops: flops / (compute_ms * 1e-3) / 1e12,
-        step_tflops: flops / (step_ms * 1e-3) / 1e12,
+    Ok(Some(Medians {
+        step_ms: f64::from(all[3 * slowest]),
+        compute_ms: f64::from(all[3 * slowest + 1]),
+        optim_ms: f64::from(all[3 * slowest + 2]),
     }))
 }
 

@@ -211,93 +211,146 @@ pub fn run_node(
     Ok(st)
 }
 
+/// The node processes of the running local launch, whose pids Ctrl-C (or SIGTERM) is passed
+/// on to.
+static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
+
 /// Runs `nodes` node processes of `target` on this machine, each with its rendezvous settings,
 /// and waits for all of them. When a node fails, the others get `grace` to notice and exit on
 /// their own before they are killed. Ctrl-C (or SIGTERM) is passed on to every node, which
 /// stop cleanly after their current step.
 pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), LaunchError> {
-    static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
     let forward = || {
         for &pid in PIDS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             wiretrain::signal::terminate(pid);
         }
     };
     let stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
-    let exe = std::env::current_exe()?;
-    let dir = temp_dir()?;
-    let addr_file = dir.join("master.addr");
-    let fingerprint_file = dir.join("master.sha256");
-    let token = job_token();
-    // This launch's nonce (mixed into the job CA): the caller's, else a fresh one.
-    let job_id = std::env::var(env::JOB_ID)
-        .ok()
-        .filter(|j| !j.is_empty())
-        .unwrap_or_else(|| format!("local-{:016x}", rand::random::<u64>()));
-    let spawn =
-        |node: usize, master: &str, fingerprint: Option<&str>| -> Result<Child, LaunchError> {
-            let bind = format!("{}:0", node_ip(node));
-            let place = if node == 0 {
-                Place::AddrFile(&addr_file)
-            } else {
-                Place::Bind(&bind)
-            };
-            let mut c = target.command(&exe, nodes, node, master, place);
-            c.env(env::TOKEN, &token).env(env::JOB_ID, &job_id);
-            // Node 0 says which certificate it holds; the others pin exactly that one.
-            if node == 0 {
-                c.env(env::FINGERPRINT_FILE, &fingerprint_file);
-            } else if let Some(f) = fingerprint {
-                c.env(env::MASTER_SHA256, f);
-            }
-            let child = c
-                .spawn()
-                .map_err(|source| LaunchError::Spawn { node, source })?;
-            PIDS.lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .push(child.id());
-            Ok(child)
-        };
-    let mut children = vec![spawn(0, "127.0.0.1:0", None)?];
-    let limit = Duration::from_secs(30);
-    let t0 = Instant::now();
-    let master = loop {
-        if let Ok(s) = std::fs::read_to_string(&addr_file) {
-            break s.trim().to_string();
-        }
-        if let Some(st) = children[0].try_wait()? {
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(LaunchError::EarlyExit(st));
-        }
-        if t0.elapsed() > limit {
-            let _ = children[0].kill();
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(LaunchError::NoAddress(limit));
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    };
-    // Node 0 writes its fingerprint before its address.
-    let fingerprint = std::fs::read_to_string(&fingerprint_file)
-        .map(|f| f.trim().to_string())
-        .ok();
-    for node in 1..nodes {
-        match spawn(node, &master, fingerprint.as_deref()) {
-            Ok(c) => children.push(c),
-            Err(e) => {
-                for c in &mut children {
-                    let _ = c.kill();
-                }
-                let _ = std::fs::remove_dir_all(&dir);
-                return Err(e);
-            }
-        }
-    }
+    let launch = LocalLaunch::new(nodes, target)?;
+    let mut children = vec![launch.spawn(0, "127.0.0.1:0", None)?];
+    let master = launch.wait_for_master(&mut children[0])?;
+    launch.spawn_others(&mut children, &master)?;
     let res = wait_all(children, grace);
     PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&launch.dir);
     if stop.load(Ordering::SeqCst) {
         return Err(LaunchError::Interrupted);
     }
     res
+}
+
+/// What every node process of one local launch is started with, and the files through which
+/// node 0 reports its address and certificate (in a directory of the launch's own).
+struct LocalLaunch<'a> {
+    nodes: usize,
+    target: &'a Target,
+    exe: PathBuf,
+    dir: PathBuf,
+    addr_file: PathBuf,
+    fingerprint_file: PathBuf,
+    token: String,
+    job_id: String,
+}
+
+impl<'a> LocalLaunch<'a> {
+    fn new(nodes: usize, target: &'a Target) -> Result<Self, LaunchError> {
+        let exe = std::env::current_exe()?;
+        let dir = temp_dir()?;
+        let token = job_token();
+        // This launch's nonce (mixed into the job CA): the caller's, else a fresh one.
+        let job_id = std::env::var(env::JOB_ID)
+            .ok()
+            .filter(|j| !j.is_empty())
+            .unwrap_or_else(|| format!("local-{:016x}", rand::random::<u64>()));
+        Ok(Self {
+            nodes,
+            target,
+            exe,
+            addr_file: dir.join("master.addr"),
+            fingerprint_file: dir.join("master.sha256"),
+            dir,
+            token,
+            job_id,
+        })
+    }
+
+    /// Starts node `node`, pointed at `master` (and, on nodes 1.., pinning node 0's
+    /// certificate `fingerprint` when known).
+    fn spawn(
+        &self,
+        node: usize,
+        master: &str,
+        fingerprint: Option<&str>,
+    ) -> Result<Child, LaunchError> {
+        let bind = format!("{}:0", node_ip(node));
+        let place = if node == 0 {
+            Place::AddrFile(&self.addr_file)
+        } else {
+            Place::Bind(&bind)
+        };
+        let mut c = self
+            .target
+            .command(&self.exe, self.nodes, node, master, place);
+        c.env(env::TOKEN, &self.token)
+            .env(env::JOB_ID, &self.job_id);
+        // Node 0 says which certificate it holds; the others pin exactly that one.
+        if node == 0 {
+            c.env(env::FINGERPRINT_FILE, &self.fingerprint_file);
+        } else if let Some(f) = fingerprint {
+            c.env(env::MASTER_SHA256, f);
+        }
+        let child = c
+            .spawn()
+            .map_err(|source| LaunchError::Spawn { node, source })?;
+        PIDS.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(child.id());
+        Ok(child)
+    }
+
+    /// Node 0's address, once it has written it; fails (removing the launch's directory) when
+    /// node 0 exits first or takes longer than 30 s, killing it then.
+    fn wait_for_master(&self, node0: &mut Child) -> Result<String, LaunchError> {
+        let limit = Duration::from_secs(30);
+        let t0 = Instant::now();
+        loop {
+            if let Ok(s) = std::fs::read_to_string(&self.addr_file) {
+                return Ok(s.trim().to_string());
+            }
+            if let Some(st) = node0.try_wait()? {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return Err(LaunchError::EarlyExit(st));
+            }
+            if t0.elapsed() > limit {
+                let _ = node0.kill();
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return Err(LaunchError::NoAddress(limit));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts nodes 1.. against `master`; when one cannot start, kills those already running
+    /// and removes the launch's directory.
+    fn spawn_others(&self, children: &mut Vec<Child>, master: &str) -> Result<(), LaunchError> {
+        // Node 0 writes its fingerprint before its address.
+        let fingerprint = std::fs::read_to_string(&self.fingerprint_file)
+            .map(|f| f.trim().to_string())
+            .ok();
+        for node in 1..self.nodes {
+            match self.spawn(node, master, fingerprint.as_deref()) {
+                Ok(c) => children.push(c),
+                Err(e) => {
+                    for c in children.iter_mut() {
+                        let _ = c.kill();
+                    }
+                    let _ = std::fs::remove_dir_all(&self.dir);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError> {

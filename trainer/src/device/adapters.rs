@@ -227,49 +227,17 @@ pub fn assign(
             ranks,
         });
     }
-    let spec = |i: usize| specs[if specs.len() == 1 { 0 } else { i }];
+    let per_rank: Vec<DeviceSpec> = (0..ranks)
+        .map(|i| specs[if specs.len() == 1 { 0 } else { i }])
+        .collect();
     // Hardware adapters in preference order (discrete first; the API's order within a kind).
     let mut hardware: Vec<&Adapter> = adapters.iter().filter(|a| a.is_hardware()).collect();
     hardware.sort_by_key(|a| a.kind);
-    let explicit: Vec<usize> = (0..ranks)
-        .filter_map(|i| match spec(i) {
-            DeviceSpec::WgpuIndex(n) => Some(n),
-            _ => None,
-        })
-        .collect();
-    // Adapters left for ranks that ask for "a GPU": those no rank names explicitly.
-    let free: Vec<usize> = hardware
-        .iter()
-        .map(|a| a.index)
-        .filter(|i| !explicit.contains(i))
-        .collect();
-    let implicit = (0..ranks)
-        .filter(|&i| {
-            matches!(spec(i), DeviceSpec::Wgpu)
-                || (spec(i) == DeviceSpec::Auto && !hardware.is_empty())
-        })
-        .count();
-    if implicit > 0 && hardware.is_empty() {
-        return Err(DeviceError::NoHardware {
-            found: found(adapters),
-        });
-    }
-    if implicit > free.len() && !share {
-        return Err(DeviceError::TooManyRanks {
-            ranks: implicit,
-            have: free.len(),
-            found: found(adapters),
-        });
-    }
-    let pool: Vec<usize> = if free.is_empty() {
-        hardware.iter().map(|a| a.index).collect()
-    } else {
-        free
-    };
+    let pool = gpu_pool(&per_rank, &hardware, adapters, share)?;
     let mut next = 0;
     let mut out = Vec::with_capacity(ranks);
-    for i in 0..ranks {
-        out.push(match spec(i) {
+    for (i, &spec) in per_rank.iter().enumerate() {
+        out.push(match spec {
             DeviceSpec::Cpu => Assigned::Cpu,
             DeviceSpec::Auto if hardware.is_empty() => Assigned::Cpu,
             DeviceSpec::Auto | DeviceSpec::Wgpu => {
@@ -300,6 +268,54 @@ pub fn assign(
         refuse_shared(&out, adapters)?;
     }
     Ok(out)
+}
+
+/// The adapter indices that the ranks asking for "a GPU" (`wgpu`, or `auto` on a machine with
+/// one) take in turn, given each rank's spec and the `hardware` adapters in preference order.
+/// Refuses when no GPU exists, or when there are fewer free ones than such ranks and `share`
+/// is off.
+fn gpu_pool(
+    per_rank: &[DeviceSpec],
+    hardware: &[&Adapter],
+    adapters: &[Adapter],
+    share: bool,
+) -> Result<Vec<usize>, DeviceError> {
+    let explicit: Vec<usize> = per_rank
+        .iter()
+        .filter_map(|&s| match s {
+            DeviceSpec::WgpuIndex(n) => Some(n),
+            _ => None,
+        })
+        .collect();
+    // Adapters left for ranks that ask for "a GPU": those no rank names explicitly.
+    let free: Vec<usize> = hardware
+        .iter()
+        .map(|a| a.index)
+        .filter(|i| !explicit.contains(i))
+        .collect();
+    let implicit = per_rank
+        .iter()
+        .filter(|&&s| {
+            matches!(s, DeviceSpec::Wgpu) || (s == DeviceSpec::Auto && !hardware.is_empty())
+        })
+        .count();
+    if implicit > 0 && hardware.is_empty() {
+        return Err(DeviceError::NoHardware {
+            found: found(adapters),
+        });
+    }
+    if implicit > free.len() && !share {
+        return Err(DeviceError::TooManyRanks {
+            ranks: implicit,
+            have: free.len(),
+            found: found(adapters),
+        });
+    }
+    Ok(if free.is_empty() {
+        hardware.iter().map(|a| a.index).collect()
+    } else {
+        free
+    })
 }
 
 /// Two ranks on one GPU (a hardware adapter or a CUDA device) are refused, naming both.

@@ -102,75 +102,50 @@ impl TrainerConfig {
     }
 }
 
+/// Builder methods that each set the field of their name: `name(arg: Type);` becomes
+/// `pub fn name(mut self, arg: Type) -> Self`.
+macro_rules! setters {
+    ($($(#[$doc:meta])* $name:ident($arg:ident: $ty:ty);)*) => {$(
+        $(#[$doc])*
+        pub fn $name(mut self, $arg: $ty) -> Self {
+            self.0.$name = $arg;
+            self
+        }
+    )*};
+}
+
 /// Changes a [`TrainerConfig`]; [`TrainerConfigBuilder::build`] checks the result.
 #[derive(Debug, Clone)]
 #[must_use = "a builder does nothing until build() is called"]
 pub struct TrainerConfigBuilder(TrainerConfig);
 
 impl TrainerConfigBuilder {
-    pub fn strategy(mut self, strategy: Strategy) -> Self {
-        self.0.strategy = strategy;
-        self
-    }
-
-    pub fn optim(mut self, optim: OptimConfig) -> Self {
-        self.0.optim = optim;
-        self
-    }
-
-    /// A positive, finite learning rate.
-    pub fn lr(mut self, lr: f64) -> Self {
-        self.0.lr = lr;
-        self
-    }
-
-    /// Bucket size in bytes (f32 elements × 4); 25 MiB like PyTorch DDP; at least 4.
-    pub fn bucket_bytes(mut self, bytes: usize) -> Self {
-        self.0.bucket_bytes = bytes;
-        self
-    }
-
-    /// ZeRO-3: unit all-gathers in flight ahead of the unit computing (0 = no prefetch, at
-    /// most [`MAX_PREFETCH`]).
-    pub fn prefetch(mut self, units: usize) -> Self {
-        self.0.prefetch = units;
-        self
-    }
-
-    /// Element type between nodes for gradient reductions and parameter gathers (f32, f16,
-    /// bf16, int8). Sums accumulate in f32; master weights and optimizer state stay f32 on
-    /// their owner; every rank computes with the same (decoded) parameters.
-    pub fn wire(mut self, wire: WireDtype) -> Self {
-        self.0.wire = wire;
-        self
-    }
-
-    /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
-    /// device) instead of Burn's tensor ops. Same math; off for comparisons.
-    pub fn fused_optimizer(mut self, on: bool) -> Self {
-        self.0.fused_optimizer = on;
-        self
-    }
-
-    /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
-    /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
-    /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.
-    pub fn diloco(mut self, diloco: Option<Diloco>) -> Self {
-        self.0.diloco = diloco;
-        self
-    }
-
-    /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
-    /// there for the slowest writer); the longer of this and the collective timeout applies.
-    pub fn checkpoint_timeout(mut self, timeout: Duration) -> Self {
-        self.0.checkpoint_timeout = timeout;
-        self
-    }
-
-    /// Injected faults and slowdowns (none by default; see [`crate::faults`]).
-    pub fn faults(mut self, faults: Faults) -> Self {
-        self.0.faults = faults;
-        self
+    setters! {
+        strategy(strategy: Strategy);
+        optim(optim: OptimConfig);
+        /// A positive, finite learning rate.
+        lr(lr: f64);
+        /// Bucket size in bytes (f32 elements × 4); 25 MiB like PyTorch DDP; at least 4.
+        bucket_bytes(bytes: usize);
+        /// ZeRO-3: unit all-gathers in flight ahead of the unit computing (0 = no prefetch, at
+        /// most [`MAX_PREFETCH`]).
+        prefetch(units: usize);
+        /// Element type between nodes for gradient reductions and parameter gathers (f32, f16,
+        /// bf16, int8). Sums accumulate in f32; master weights and optimizer state stay f32 on
+        /// their owner; every rank computes with the same (decoded) parameters.
+        wire(wire: WireDtype);
+        /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
+        /// device) instead of Burn's tensor ops. Same math; off for comparisons.
+        fused_optimizer(on: bool);
+        /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
+        /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
+        /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.
+        diloco(diloco: Option<Diloco>);
+        /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
+        /// there for the slowest writer); the longer of this and the collective timeout applies.
+        checkpoint_timeout(timeout: Duration);
+        /// Injected faults and slowdowns (none by default; see [`crate::faults`]).
+        faults(faults: Faults);
     }
 
     /// The configuration, once every setting is checked.

@@ -191,8 +191,8 @@ impl<M: Units> Trainer<M> {
         // Compute is what the step did besides waiting for its collectives.
         let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
         clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
-        let (mut cx, sync, held) = self.sync_cx(&clock);
-        sync.update(&mut cx, held, &gshard, 1.0)?;
+        let (mut cx, sync) = self.sync_cx(&clock);
+        sync.update(&mut cx, &gshard, 1.0)?;
         self.finish_step(model, loss, &clock)
     }
 

@@ -3,7 +3,7 @@
 //! optimizer step on everything.
 
 use super::Reach;
-use super::sync::{GradSync, Held, SyncCx, weigh};
+use super::sync::{GradSync, Reduced, SyncCx, weigh};
 use crate::clock::Phase;
 use crate::error::TrainError;
 use crate::optim::StepOpts;
@@ -21,12 +21,8 @@ impl GradSync for Replicated {
         std::iter::once(0..total).collect()
     }
 
-    fn reduce(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &Held,
-        grads: &mut GradientsParams,
-    ) -> Result<Vec<f32>, TrainError> {
+    fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
+        let held = &*cx.held;
         let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
         let issue = cx.clock.enter(Phase::Compute, "flatten+issue");
         for b in &held.buckets {
@@ -44,23 +40,17 @@ impl GradSync for Replicated {
         Ok(full)
     }
 
-    fn update(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &mut Held,
-        grad: &[f32],
-        grad_scale: f32,
-    ) -> Result<(), TrainError> {
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
         let _s = cx.clock.enter(Phase::Optim, "optimizer");
         // The micro-batch mean is taken in the step (on the device when fused).
         let opts = StepOpts {
-            grad_scale,
+            grad_scale: scale,
             readback: WireDtype::F32,
         };
-        Ok(cx.opt.step_with(cx.lr, &mut held.params, grad, opts)?)
+        Ok(cx.opt.step_with(cx.lr, &mut cx.held.params, grad, opts)?)
     }
 
-    fn refresh(&mut self, _: &mut SyncCx<'_>, _: &mut Held) -> Result<(), TrainError> {
+    fn refresh(&mut self, _: &mut SyncCx<'_>) -> Result<(), TrainError> {
         Ok(())
     }
 }

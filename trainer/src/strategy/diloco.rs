@@ -4,7 +4,7 @@
 //! outer Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m).
 
 use super::Strategy;
-use super::sync::{GradSync, Held, SyncCx};
+use super::sync::{GradSync, Reduced, SyncCx};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
 use burn::optim::GradientsParams;
@@ -79,7 +79,8 @@ impl DilocoSync {
     }
 
     /// Counts an inner step and, at the end of a round, runs the outer step.
-    fn outer_step(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+    fn outer_step(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
+        let held = &mut *cx.held;
         let outer = &mut self.outer;
         outer.inner_done += 1;
         if !outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
@@ -132,28 +133,17 @@ impl GradSync for DilocoSync {
         self.inner.owned(pg, buckets, total)
     }
 
-    fn reduce(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &Held,
-        grads: &mut GradientsParams,
-    ) -> Result<Vec<f32>, TrainError> {
-        self.inner.reduce(cx, held, grads)
+    fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
+        self.inner.reduce(cx, grads)
     }
 
-    fn update(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &mut Held,
-        grad: &[f32],
-        grad_scale: f32,
-    ) -> Result<(), TrainError> {
-        self.inner.update(cx, held, grad, grad_scale)?;
-        self.outer_step(cx, held)
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
+        self.inner.update(cx, grad, scale)?;
+        self.outer_step(cx)
     }
 
-    fn refresh(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
-        self.inner.refresh(cx, held)
+    fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
+        self.inner.refresh(cx)
     }
 
     fn outer(&self) -> Option<&OuterState> {

@@ -9,7 +9,7 @@
 //! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::zero3`) reduces
 //!   through the same [`Reach`], and this sync only steps the shard.
 
-use super::sync::{GradSync, Held, SyncCx, weigh};
+use super::sync::{GradSync, Reduced, SyncCx, weigh};
 use super::{Reach, Stage, Strategy};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
@@ -27,7 +27,8 @@ pub(crate) struct Sharded {
 impl Sharded {
     /// Gathers every rank's pieces of every bucket (its master, in the wire dtype) into the
     /// parameters the model computes with, all buckets in flight at once.
-    fn gather(&self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+    fn gather(&self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
+        let held = &mut *cx.held;
         let issue = cx.clock.enter(Phase::Comm, "issue gathers");
         let mut works = Vec::with_capacity(held.buckets.len());
         let mut at = 0;
@@ -54,12 +55,8 @@ impl GradSync for Sharded {
         self.reach.owned(pg, buckets)
     }
 
-    fn reduce(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &Held,
-        grads: &mut GradientsParams,
-    ) -> Result<Vec<f32>, TrainError> {
+    fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
+        let held = &*cx.held;
         if self.stage == Stage::Parameters {
             let strategy = if self.reach == Reach::World {
                 Strategy::Zero3
@@ -106,23 +103,17 @@ impl GradSync for Sharded {
         Ok(gshard)
     }
 
-    fn update(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &mut Held,
-        grad: &[f32],
-        grad_scale: f32,
-    ) -> Result<(), TrainError> {
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
         // Only the gathered (wire-rounded) values leave the optimizer: when fused, the f32
         // master stays on the device and the cast kernel narrows the read-back.
         let opts = StepOpts {
-            grad_scale,
+            grad_scale: scale,
             readback: cx.wire,
         };
         let target = if self.stage == Stage::Parameters {
-            &mut held.params
+            &mut cx.held.params
         } else {
-            &mut held.master
+            &mut cx.held.master
         };
         let optim = cx.clock.enter(Phase::Optim, "optimizer");
         cx.opt.step_with(cx.lr, target, grad, opts)?;
@@ -130,13 +121,13 @@ impl GradSync for Sharded {
         if self.stage == Stage::Parameters {
             return Ok(());
         }
-        self.gather(cx, held)
+        self.gather(cx)
     }
 
-    fn refresh(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError> {
+    fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
         if self.stage == Stage::Parameters {
             return Ok(());
         }
-        self.gather(cx, held)
+        self.gather(cx)
     }
 }

@@ -51,7 +51,12 @@ pub(crate) struct SyncCx<'a> {
     pub lr: f64,
     /// This rank's gradient weight (see `Trainer::set_sample_weight`).
     pub sample_weight: f32,
+    /// What this rank holds.
+    pub held: &'a mut Held,
 }
+
+/// A sync's reduction: the mean gradient over this rank's owned elements, concatenated.
+pub(crate) type Reduced = Result<Vec<f32>, TrainError>;
 
 /// How a strategy communicates gradients and updates the parameters it owns.
 pub(crate) trait GradSync: Send {
@@ -61,26 +66,15 @@ pub(crate) trait GradSync: Send {
 
     /// Reduces this step's gradients (bucket by bucket, as they are flattened) and returns
     /// the mean gradient over this rank's owned elements, concatenated.
-    fn reduce(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &Held,
-        grads: &mut GradientsParams,
-    ) -> Result<Vec<f32>, TrainError>;
+    fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced;
 
-    /// Steps the optimizer on the owned elements with `grad` (scaled by `grad_scale`) and
-    /// brings `held.params` up to date.
-    fn update(
-        &mut self,
-        cx: &mut SyncCx<'_>,
-        held: &mut Held,
-        grad: &[f32],
-        grad_scale: f32,
-    ) -> Result<(), TrainError>;
+    /// Steps the optimizer on the owned elements with `grad` (scaled by `scale`) and
+    /// brings `cx.held.params` up to date.
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError>;
 
-    /// After a checkpoint load: makes `held.params` what a step's gather would give from the
-    /// owned masters (a collective for the sharded strategies).
-    fn refresh(&mut self, cx: &mut SyncCx<'_>, held: &mut Held) -> Result<(), TrainError>;
+    /// After a checkpoint load: makes `cx.held.params` what a step's gather would give from
+    /// the owned masters (a collective for the sharded strategies).
+    fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError>;
 
     /// DiLoCo's outer state, when this sync is DiLoCo.
     fn outer(&self) -> Option<&super::diloco::OuterState> {

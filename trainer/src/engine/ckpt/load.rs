@@ -190,8 +190,8 @@ impl<M: Module> Trainer<M> {
             return Ok(());
         }
         let clock = StepClock::since(std::time::Instant::now());
-        let (mut cx, sync, held) = self.sync_cx(&clock);
-        sync.refresh(&mut cx, held)?;
+        let (mut cx, sync) = self.sync_cx(&clock);
+        sync.refresh(&mut cx)?;
         let model = self.model.take().expect("model present between steps");
         self.model = Some(self.layout.unflatten(model, &self.held.params));
         Ok(())
