@@ -7,15 +7,23 @@ cd "$(dirname "$0")/.."
 # the README's two commands share it: a second cold build of Burn would cost ~50 minutes.
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-$(mktemp -d)}"
 
-# System packages: iproute2 (ip/tc for the network-namespace lab tests) and
-# mesa-vulkan-drivers (lavapipe, the software Vulkan device the wgpu tests run on).
+# System packages: iproute2 (ip/tc for the network-namespace lab tests), mesa-vulkan-drivers
+# (lavapipe, the software Vulkan device the wgpu tests run on), and Slurm with munge (the
+# two-node Slurm cluster of tests/slurm.rs; its daemons are started by the test, not here).
 need=()
 command -v ip >/dev/null 2>&1 || need+=(iproute2)
 dpkg -s mesa-vulkan-drivers >/dev/null 2>&1 || need+=(mesa-vulkan-drivers)
+for p in slurmctld slurmd slurm-client munge; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
 if [ ${#need[@]} -gt 0 ] && command -v apt-get >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# The Kubernetes example's schema check (tests/kubernetes.rs): kubernetes-validate, from PyPI.
+if ! command -v kubernetes-validate >/dev/null 2>&1; then
+  python3 -m pip install -q kubernetes-validate 2>/dev/null \
+    || python3 -m pip install -q --break-system-packages kubernetes-validate
 fi
 
 # test-hooks: the fault tests' injection points (a stalled checkpoint, a slow node, ...).
