@@ -10,7 +10,7 @@
 #   scripts/lab.sh            # defaults below; writes $OUT and prints it
 #
 # Env: NODES (2), RATES ("none 1000 200 50", Mbit/s, none = unshaped), STRATEGIES
-#      ("ddp zero1 zero2 zero3 hybrid"), EXAMPLE (char-lm), EXTRA (model flags, given to both
+#      ("ddp zero1 zero2 zero3 hybrid hsdp"), EXAMPLE (char-lm), EXTRA (model flags, given to both
 #      train and bench --op compute; default "--d-model 256": 1.6M parameters, so
 #      communication matters), STEPS (10), BATCH (32),
 #      LIMIT (300),
@@ -18,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=${NODES:-2}; RATES=${RATES:-"none 1000 200 50"}; STEPS=${STEPS:-10}; BATCH=${BATCH:-32}
-STRATEGIES=${STRATEGIES:-"ddp zero1 zero2 zero3 hybrid"}; EXAMPLE=${EXAMPLE:-char-lm}
+STRATEGIES=${STRATEGIES:-"ddp zero1 zero2 zero3 hybrid hsdp"}; EXAMPLE=${EXAMPLE:-char-lm}
 EXTRA=${EXTRA:---d-model 256}; LIMIT=${LIMIT:-300}
 OUT=${OUT:-lab-$(date +%Y%m%d-%H%M%S).csv}
 
@@ -80,13 +80,13 @@ PY
 import json, subprocess, sys
 b, params, nodes, batch, seq, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 tflops, gbps, lat = sys.argv[7:10]
-# wiretrain's ZeRO-3 recomputes each unit's forward in backward: 8 psi per token.
-extra = ["--recompute"] if st == "zero3" else []
+# wiretrain's ZeRO-3 and HSDP recompute each unit's forward in backward: 8 psi per token.
+extra = ["--recompute"] if st in ("zero3", "hsdp") else []
 out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
     "--seq", seq, "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
     "--wire", "f32", "--tflops", tflops, "--inter-gbps", gbps, "--inter-latency-us", lat,
     "--device-mem", "1000", "--json"] + extra, capture_output=True, text=True, check=True).stdout
-p = {json.loads(l)["strategy"]: json.loads(l) for l in out.splitlines()}[st]
+p = {json.loads(l)["name"]: json.loads(l) for l in out.splitlines()}[st]
 print(p["step_s"] * 1e3)
 PY
 )

@@ -32,7 +32,7 @@ fn json_contract_and_zero_figure_1() {
         .iter()
         .map(|r| r["strategy"].as_str().unwrap())
         .collect();
-    assert_eq!(names, ["ddp", "zero1", "zero2", "zero3", "hybrid"]);
+    assert_eq!(names, ["ddp", "zero1", "zero2", "zero3", "hybrid", "hsdp"]);
     for r in &rows {
         for f in ["bytes_per_device", "fits", "step_s", "tokens_per_s"] {
             assert!(r.get(f).is_some(), "{r} lacks {f}");
@@ -50,7 +50,36 @@ fn json_contract_and_zero_figure_1() {
         .iter()
         .map(|r| r["volume_elems"].as_f64().unwrap() / 7.5e9)
         .collect();
-    assert_eq!(vol, [2.0, 2.0, 2.0, 3.0, 2.0]);
+    assert_eq!(vol, [2.0, 2.0, 2.0, 3.0, 2.0, 3.0]);
+    // DiLoCo's rows come with --diloco H, recommended only with --allow diloco: on a
+    // 20 Mbit/s link it is then the pick.
+    let slow = [
+        "--params",
+        "1e9",
+        "--nodes",
+        "4",
+        "--gpus-per-node",
+        "4",
+        "--inter-gbps",
+        "0.02",
+        "--device-mem",
+        "1000",
+        "--diloco",
+        "50",
+        "--json",
+    ];
+    let rows = common::rows(&plan(&slow));
+    let names: Vec<&str> = rows.iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(&names[6..], ["diloco", "diloco-hybrid"]);
+    let pick = |rows: &[serde_json::Value]| {
+        let r = rows.iter().find(|r| r["recommended"] == true).unwrap();
+        r["name"].as_str().unwrap().to_string()
+    };
+    assert!(!pick(&rows).starts_with("diloco"), "{}", pick(&rows));
+    assert_eq!(rows[6]["exact"], false);
+    assert_eq!(rows[6]["diloco_inner_steps"], 50);
+    let allowed = common::rows(&plan(&[&slow[..], &["--allow", "diloco"]].concat()));
+    assert!(pick(&allowed).starts_with("diloco"), "{}", pick(&allowed));
 }
 
 #[test]
@@ -75,7 +104,7 @@ fn human_table_and_interconnects_table() {
     assert!(text.contains("no fit (1123)"), "{text}");
     assert_eq!(text.matches("| zero3    |").count(), 5, "{text}");
     let out = plan(&["--table", "interconnects", "--json"]);
-    assert_eq!(common::rows(&out).len(), 25);
+    assert_eq!(common::rows(&out).len(), 30);
 }
 
 #[test]
@@ -89,6 +118,15 @@ fn bad_input_exits_2_with_the_flag_named() {
             "--global-batch",
         ),
         (vec!["--params", "1e9", "--table", "x"], "--table"),
+        (
+            vec!["--params", "1e9", "--diloco", "5", "--allow", "zero9"],
+            "--allow",
+        ),
+        (
+            vec!["--params", "1e9", "--allow", "diloco"],
+            "--allow diloco needs --diloco",
+        ),
+        (vec!["--params", "1e9", "--diloco", "0"], "--diloco"),
     ] {
         let out = plan(&args);
         assert_eq!(

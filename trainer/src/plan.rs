@@ -15,14 +15,22 @@
 //!   node sharing its network link). DDP, ZeRO-1 and ZeRO-2 run one reduce-scatter and one
 //!   all-gather (an all-reduce) per step — volume 2Ψ; ZeRO-3 gathers the parameters twice
 //!   (forward, backward) and reduce-scatters the gradients — 3Ψ; hybrid does its two inside the
-//!   node and all-reduces each device's Ψ/g piece across nodes. Time per link level is α–β:
+//!   node and all-reduces each device's Ψ/g piece across nodes; HSDP is ZeRO-3 inside the
+//!   node (3Ψ there) with hybrid's traffic across nodes. Time per link level is α–β:
 //!   `steps·α + bytes/β`.
+//! - **DiLoCo** (rows added with an inner-step count H): inner steps all-reduce (ddp) or
+//!   reduce-scatter and gather (hybrid) inside the node only; every H steps the parameter
+//!   deltas are all-reduced over every device, as DDP's gradients are: per step, the inner
+//!   strategy's node traffic plus 1/H of DDP's. Memory: the inner strategy's, plus the f32
+//!   anchor and outer momentum (8 bytes per parameter). Its effect on the loss is not
+//!   predicted (it changes the optimization): such rows are recommended only when allowed.
 //! - **Compute**: 6·Ψ FLOPs per token (8·Ψ with recomputation) at the device's achieved TFLOP/s.
 //! - **Overlap**: `step = compute + max((1 − overlap)·comm, comm − compute)`; the default overlap
 //!   0 is wiretrain today for DDP/ZeRO-1/2 (communication after the backward pass), 1 would be
 //!   perfect overlap. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`) also hides its
 //!   two parameter all-gathers (2/3 of its communication) behind compute:
-//!   `exposed = max((1 − overlap)·comm/3 + max(0, 2·comm/3 − compute), comm − compute)`.
+//!   `exposed = max((1 − overlap)·comm/3 + max(0, 2·comm/3 − compute), comm − compute)`;
+//!   HSDP the same with its gathers, 2/3 of its intra-node time.
 //! - **Rank order**: the above is wiretrain's node-major order (ring neighbours inside the
 //!   node). `--rank-order scrambled` models a flat ring over all N devices in which every
 //!   neighbour sits on another node (what a careless host list gives): each collective moves
@@ -32,157 +40,31 @@
 
 use crate::strategy::{Scope, Stage, Strategy};
 use serde::Serialize;
-use std::str::FromStr;
 
-/// A link: bandwidth per direction (bytes/s) and per-message latency (s).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Link {
-    pub bytes_per_s: f64,
-    pub latency_s: f64,
-}
+mod inputs;
+pub use inputs::{Link, PRESETS, Precision, RankOrder, Shape, WireDtype};
 
-/// The interconnect presets and their per-direction rates.
-pub const PRESETS: &[(&str, f64, f64, &str)] = &[
-    // name, GB/s per direction, latency in µs, note
-    ("pcie4", 32.0, 2.0, "PCIe Gen4 x16"),
-    ("pcie5", 64.0, 2.0, "PCIe Gen5 x16"),
-    (
-        "nvlink4",
-        450.0,
-        1.0,
-        "NVLink 4: 900 GB/s bidirectional per GPU",
-    ),
-    ("ib-ndr", 50.0, 3.0, "InfiniBand NDR, 400 Gbit/s"),
-    ("ib-hdr", 25.0, 3.0, "InfiniBand HDR, 200 Gbit/s"),
-    ("roce-100g", 12.5, 5.0, "RoCE 100 Gbit/s"),
-    ("eth-100g", 12.5, 30.0, "100 GbE over UDP/QUIC"),
-    ("eth-10g", 1.25, 50.0, "10 GbE over UDP/QUIC"),
-];
-
-impl Link {
-    pub fn preset(name: &str) -> Option<Self> {
-        PRESETS
-            .iter()
-            .find(|p| p.0 == name)
-            .map(|p| Self::gbytes(p.1, p.2))
-    }
-
-    /// From GB/s and µs.
-    pub fn gbytes(gb_per_s: f64, latency_us: f64) -> Self {
-        Self {
-            bytes_per_s: gb_per_s * 1e9,
-            latency_s: latency_us * 1e-6,
-        }
-    }
-
-    /// From Gbit/s and µs.
-    pub fn gbits(gbit_per_s: f64, latency_us: f64) -> Self {
-        Self::gbytes(gbit_per_s / 8.0, latency_us)
-    }
-}
-
-/// Numeric precision of the model states.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    F32,
-    Mixed,
-}
-
-impl FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "mixed" => Ok(Self::Mixed),
-            o => Err(format!("unknown precision {o:?} (f32, mixed)")),
-        }
-    }
-}
-
-/// Element type on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WireDtype {
-    F32,
-    Bf16,
-    F16,
-    Int8,
-}
-
-impl WireDtype {
-    /// Bytes per element, int8 with one f32 scale per 128-element block.
-    pub fn bytes(self) -> f64 {
-        match self {
-            Self::F32 => 4.0,
-            Self::Bf16 | Self::F16 => 2.0,
-            Self::Int8 => 1.0 + 4.0 / 128.0,
-        }
-    }
-}
-
-impl FromStr for WireDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "bf16" => Ok(Self::Bf16),
-            "f16" => Ok(Self::F16),
-            "int8" => Ok(Self::Int8),
-            o => Err(format!("unknown wire dtype {o:?} (f32, bf16, f16, int8)")),
-        }
-    }
-}
-
-/// How ranks are placed on the ring.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RankOrder {
-    /// Node-major: ring neighbours inside the node (wiretrain's hierarchical collectives).
-    #[default]
-    NodeMajor,
-    /// A flat ring whose every neighbour is on another node.
-    Scrambled,
-}
-
-impl FromStr for RankOrder {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "node-major" => Ok(Self::NodeMajor),
-            "scrambled" => Ok(Self::Scrambled),
-            o => Err(format!("unknown rank order {o:?} (node-major, scrambled)")),
-        }
-    }
-}
-
-/// A transformer's shape (for the parameter count and activation memory).
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Shape {
-    pub layers: u64,
-    pub hidden: u64,
-    pub heads: u64,
-    pub vocab: u64,
-}
-
-impl Shape {
-    /// GPT-style count: per layer 12h² + 13h (attention, MLP, two norms), plus embeddings
-    /// (vocabulary, and `seq` learned positions).
-    pub fn params(&self, seq: u64) -> f64 {
-        let (l, h) = (self.layers as f64, self.hidden as f64);
-        l * (12.0 * h * h + 13.0 * h) + (self.vocab + seq) as f64 * h
-    }
-}
-
-/// The strategies the planner compares (HSDP is not planned yet: its communication model
-/// needs its own measurements).
-pub const PLANNED: [Strategy; 5] = [
+/// The strategies the planner compares (DiLoCo's rows come on top, see [`DilocoPlan`]).
+pub const PLANNED: [Strategy; 6] = [
     Strategy::Ddp,
     Strategy::Zero1,
     Strategy::Zero2,
     Strategy::Zero3,
     Strategy::Hybrid,
+    Strategy::Hsdp,
 ];
+
+/// DiLoCo in the plan: one row per inner strategy (ddp, hybrid) with `inner_steps` (H)
+/// between outer steps. `allowed`: it may be recommended (it changes the optimization, so a
+/// faster step is not the whole story: its cost in loss is the user's call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct DilocoPlan {
+    pub inner_steps: u64,
+    pub allowed: bool,
+}
+
+/// DiLoCo's inner strategies, as the trainer accepts them.
+pub const DILOCO_INNER: [Strategy; 2] = [Strategy::Ddp, Strategy::Hybrid];
 
 /// Everything the plan depends on.
 #[derive(Debug, Clone, PartialEq)]
@@ -213,12 +95,58 @@ pub struct PlanInput {
     /// all-gathers behind compute.
     pub prefetch: bool,
     pub rank_order: RankOrder,
+    /// DiLoCo rows to add, when given.
+    pub diloco: Option<DilocoPlan>,
+}
+
+/// Communication per device per step.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Comm {
+    /// Elements in the large-N limit (2Ψ, 3Ψ).
+    pub volume: f64,
+    pub intra_bytes: f64,
+    pub inter_bytes: f64,
+    pub intra_s: f64,
+    pub inter_s: f64,
+}
+
+impl Comm {
+    pub fn seconds(&self) -> f64 {
+        self.intra_s + self.inter_s
+    }
+
+    fn scaled(self, k: f64) -> Self {
+        Self {
+            volume: self.volume * k,
+            intra_bytes: self.intra_bytes * k,
+            inter_bytes: self.inter_bytes * k,
+            intra_s: self.intra_s * k,
+            inter_s: self.inter_s * k,
+        }
+    }
+
+    fn plus(self, o: Self) -> Self {
+        Self {
+            volume: self.volume + o.volume,
+            intra_bytes: self.intra_bytes + o.intra_bytes,
+            inter_bytes: self.inter_bytes + o.inter_bytes,
+            intra_s: self.intra_s + o.intra_s,
+            inter_s: self.inter_s + o.inter_s,
+        }
+    }
 }
 
 /// The plan of one strategy.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct StrategyPlan {
+    /// The row's name: the strategy's, or `diloco` / `diloco-hybrid` (by inner strategy).
+    pub name: String,
+    /// The strategy, or DiLoCo's inner strategy.
     pub strategy: Strategy,
+    /// DiLoCo's inner steps between outer steps, on a DiLoCo row.
+    pub diloco_inner_steps: Option<u64>,
+    /// The update equals single-process training's (false for DiLoCo).
+    pub exact: bool,
     pub params_bytes: f64,
     pub grads_bytes: f64,
     pub optim_bytes: f64,
@@ -327,6 +255,12 @@ impl PlanInput {
     /// Communication per device per step: (large-N volume in elements, intra bytes, inter
     /// bytes, seconds).
     pub fn communication(&self, st: Strategy) -> (f64, f64, f64, f64) {
+        let c = self.comm(st);
+        (c.volume, c.intra_bytes, c.inter_bytes, c.seconds())
+    }
+
+    /// Communication per device per step of `st`, by link level.
+    pub fn comm(&self, st: Strategy) -> Comm {
         let psi = self.params;
         let (n, g) = (self.nodes as f64, self.gpus_per_node as f64);
         let w = self.wire.bytes();
@@ -347,7 +281,13 @@ impl PlanInput {
             let nd = n * g;
             let inter = ops * psi * (nd - 1.0) / nd * w;
             let t = ops * (nd - 1.0) * self.inter.latency_s + inter * g / self.inter.bytes_per_s;
-            return (volume, 0.0, inter, t);
+            return Comm {
+                volume,
+                intra_bytes: 0.0,
+                inter_bytes: inter,
+                intra_s: 0.0,
+                inter_s: t,
+            };
         }
         // Across nodes a node-scope strategy sends only the gradient reduction.
         let inter_ops = match st.scope() {
@@ -363,57 +303,112 @@ impl PlanInput {
         } else {
             0.0
         };
-        (volume, intra, inter, t_intra + t_inter)
+        Comm {
+            volume,
+            intra_bytes: intra,
+            inter_bytes: inter,
+            intra_s: t_intra,
+            inter_s: t_inter,
+        }
     }
 
-    /// The plan of every strategy; the fastest that fits is recommended (ties within 2 % go
-    /// to the one that keeps more memory free).
+    /// DiLoCo over `inner` with `h` inner steps per outer step, per step: the inner
+    /// strategy's reductions inside the node (an all-reduce, or a reduce-scatter and a gather:
+    /// the same bytes), and 1/h of DDP's all-reduce over every device for the deltas.
+    pub fn diloco_comm(&self, h: u64) -> Comm {
+        let node_only = PlanInput {
+            nodes: 1,
+            rank_order: RankOrder::NodeMajor,
+            ..self.clone()
+        };
+        node_only
+            .comm(Strategy::Ddp)
+            .plus(self.comm(Strategy::Ddp).scaled(1.0 / h.max(1) as f64))
+    }
+
+    /// The rows this input plans: every strategy of [`PLANNED`], then DiLoCo's (inner
+    /// strategy, inner steps) when asked for.
+    fn rows(&self) -> Vec<(Strategy, Option<u64>)> {
+        let mut rows: Vec<_> = PLANNED.iter().map(|&s| (s, None)).collect();
+        if let Some(d) = self.diloco {
+            rows.extend(DILOCO_INNER.iter().map(|&s| (s, Some(d.inner_steps))));
+        }
+        rows
+    }
+
+    /// The plan of one row: memory, communication, and the step it predicts.
+    fn plan_row(&self, st: Strategy, diloco: Option<u64>, compute_s: f64) -> StrategyPlan {
+        let tokens = (self.global_batch * self.seq) as f64;
+        let act = self.activation_bytes();
+        let (p, g, mut o) = self.model_states(st);
+        let c = match diloco {
+            Some(h) => {
+                // The f32 anchor and outer momentum, whole on every device.
+                o += 8.0 * self.params;
+                self.diloco_comm(h)
+            }
+            None => self.comm(st),
+        };
+        let bytes = p + g + o + act;
+        let comm_s = c.seconds();
+        // With prefetch, stage 3 gathers the next unit's parameters while a unit computes:
+        // the two gathers of three collectives (over the world, or inside the node for HSDP).
+        let gathers = match (self.prefetch && diloco.is_none(), st.stage(), st.scope()) {
+            (true, Stage::Parameters, Scope::World) => 2.0 * comm_s / 3.0,
+            (true, Stage::Parameters, Scope::Node) => 2.0 * c.intra_s / 3.0,
+            _ => 0.0,
+        };
+        let exposed = (1.0 - self.overlap) * (comm_s - gathers) + (gathers - compute_s).max(0.0);
+        let step_s = compute_s + exposed.max(comm_s - compute_s).max(0.0);
+        let name = match (diloco, st) {
+            (None, st) => st.to_string(),
+            (Some(_), Strategy::Ddp) => "diloco".to_string(),
+            (Some(_), inner) => format!("diloco-{inner}"),
+        };
+        StrategyPlan {
+            name,
+            strategy: st,
+            diloco_inner_steps: diloco,
+            exact: diloco.is_none(),
+            params_bytes: p,
+            grads_bytes: g,
+            optim_bytes: o,
+            activation_bytes: act,
+            bytes_per_device: bytes,
+            fits: bytes <= self.device_mem,
+            volume_elems: c.volume,
+            comm_bytes_intra: c.intra_bytes,
+            comm_bytes_inter: c.inter_bytes,
+            compute_s,
+            comm_s,
+            step_s,
+            tokens_per_s: tokens / step_s,
+            recommended: false,
+        }
+    }
+
+    /// The plan of every row; the fastest that fits is recommended (ties within 2 % go to the
+    /// one that keeps more memory free), DiLoCo only when allowed.
     pub fn plan(&self) -> Vec<StrategyPlan> {
         let tokens = (self.global_batch * self.seq) as f64;
         let flops_per_token = if self.recompute { 8.0 } else { 6.0 } * self.params;
         let compute_s = flops_per_token * tokens / self.devices() / (self.tflops * 1e12);
-        let act = self.activation_bytes();
-        let mut out: Vec<StrategyPlan> = PLANNED
-            .iter()
-            .map(|&st| {
-                let (p, g, o) = self.model_states(st);
-                let bytes = p + g + o + act;
-                let (volume, intra, inter, comm_s) = self.communication(st);
-                let exposed = if st == Strategy::Zero3 && self.prefetch {
-                    let gathers = 2.0 * comm_s / 3.0;
-                    (1.0 - self.overlap) * (comm_s - gathers) + (gathers - compute_s).max(0.0)
-                } else {
-                    (1.0 - self.overlap) * comm_s
-                };
-                let step_s = compute_s + exposed.max(comm_s - compute_s).max(0.0);
-                StrategyPlan {
-                    strategy: st,
-                    params_bytes: p,
-                    grads_bytes: g,
-                    optim_bytes: o,
-                    activation_bytes: act,
-                    bytes_per_device: bytes,
-                    fits: bytes <= self.device_mem,
-                    volume_elems: volume,
-                    comm_bytes_intra: intra,
-                    comm_bytes_inter: inter,
-                    compute_s,
-                    comm_s,
-                    step_s,
-                    tokens_per_s: tokens / step_s,
-                    recommended: false,
-                }
-            })
+        let mut out: Vec<StrategyPlan> = self
+            .rows()
+            .into_iter()
+            .map(|(st, d)| self.plan_row(st, d, compute_s))
             .collect();
+        let allowed = self.diloco.is_some_and(|d| d.allowed);
+        let eligible = |p: &StrategyPlan| p.fits && (p.exact || allowed);
         let best = out
             .iter()
-            .filter(|p| p.fits)
+            .filter(|p| eligible(p))
             .map(|p| p.tokens_per_s)
             .fold(0.0, f64::max);
         if let Some(i) = out
             .iter()
             .enumerate()
-            .filter(|(_, p)| p.fits && p.tokens_per_s >= 0.98 * best)
+            .filter(|(_, p)| eligible(p) && p.tokens_per_s >= 0.98 * best)
             .min_by(|a, b| a.1.bytes_per_device.total_cmp(&b.1.bytes_per_device))
             .map(|(i, _)| i)
         {
@@ -429,11 +424,11 @@ pub fn reason(plans: &[StrategyPlan], device_mem: f64) -> String {
         let least = plans
             .iter()
             .min_by(|a, b| a.bytes_per_device.total_cmp(&b.bytes_per_device))
-            .expect("five strategies");
+            .expect("every strategy has a row");
         return format!(
             "nothing fits: even {} needs {:.1} GB per device of {:.1} GB; add devices, \
              recompute activations or shrink the micro-batch",
-            least.strategy,
+            least.name,
             least.bytes_per_device / 1e9,
             device_mem / 1e9
         );
@@ -441,13 +436,13 @@ pub fn reason(plans: &[StrategyPlan], device_mem: f64) -> String {
     let unfit: Vec<String> = plans
         .iter()
         .filter(|p| !p.fits)
-        .map(|p| p.strategy.to_string())
+        .map(|p| p.name.clone())
         .collect();
     let comm_share = (r.step_s - r.compute_s) / r.step_s;
     format!(
         "{}: the fastest that fits ({:.0} tokens/s, {:.1} GB per device, {:.0}% of the step \
          waiting for the network){}",
-        r.strategy,
+        r.name,
         r.tokens_per_s,
         r.bytes_per_device / 1e9,
         100.0 * comm_share,

@@ -5,7 +5,7 @@
 use crate::cli::usage;
 use anyhow::Result;
 use clap::Args;
-use wiretrain::plan::{Link, PRESETS, PlanInput, Precision, Shape, WireDtype, reason};
+use wiretrain::plan::{DilocoPlan, Link, PRESETS, PlanInput, Precision, Shape, WireDtype, reason};
 use wiretrain::strategy::Strategy;
 
 #[derive(Debug, Clone, Args)]
@@ -76,6 +76,13 @@ pub struct PlanArgs {
     /// scrambled (a flat ring whose every neighbour is on another node).
     #[arg(long, default_value = "node-major")]
     pub rank_order: String,
+    /// Also plan DiLoCo (inner ddp and inner hybrid) with H inner steps per outer step.
+    #[arg(long, value_name = "H")]
+    pub diloco: Option<u64>,
+    /// Strategies that change the optimization which the recommendation may pick: `diloco`
+    /// (comma-separated; its cost in loss is not predicted).
+    #[arg(long)]
+    pub allow: Option<String>,
     /// One JSON object per strategy.
     #[arg(long)]
     pub json: bool,
@@ -202,6 +209,13 @@ impl PlanArgs {
             None => WireDtype::F32,
         };
         let devices = self.nodes.max(1) * self.gpus_per_node.max(1);
+        let allowed = allowed(self.allow.as_deref())?;
+        if allowed && self.diloco.is_none() {
+            usage!("--allow diloco needs --diloco H (DiLoCo's inner steps per outer step)");
+        }
+        if self.diloco == Some(0) {
+            usage!("--diloco: DiLoCo needs at least 1 inner step per outer step");
+        }
         let input = PlanInput {
             params,
             shape,
@@ -225,10 +239,28 @@ impl PlanArgs {
                 .rank_order
                 .parse()
                 .map_err(|e| crate::cli::usage_error(format!("--rank-order: {e}")))?,
+            diloco: self.diloco.map(|inner_steps| DilocoPlan {
+                inner_steps,
+                allowed,
+            }),
         };
         input.validate().map_err(crate::cli::usage_error)?;
         Ok(input)
     }
+}
+
+/// `--allow`'s list: whether it allows DiLoCo (the only strategy that changes the
+/// optimization); anything else is refused.
+fn allowed(list: Option<&str>) -> Result<bool> {
+    let mut diloco = false;
+    for s in list.unwrap_or_default().split(',').map(str::trim) {
+        match s {
+            "" => {}
+            "diloco" => diloco = true,
+            o => usage!("--allow: unknown strategy {o:?} (diloco is the only one to allow)"),
+        }
+    }
+    Ok(diloco)
 }
 
 pub fn run(args: &PlanArgs) -> Result<()> {
@@ -274,7 +306,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         input.inter.bytes_per_s / 1e9
     );
     println!(
-        "{:>8} {:>9} {:>9} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>9} {:>12}",
+        "{:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>9} {:>12}",
         "strategy",
         "params",
         "grads",
@@ -289,8 +321,8 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     );
     for p in &plans {
         println!(
-            "{:>8} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>5} {:>10.2} {:>10.2} {:>9.3} {:>12.0}{}",
-            p.strategy.to_string(),
+            "{:>13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>5} {:>10.2} {:>10.2} {:>9.3} {:>12.0}{}",
+            p.name,
             p.params_bytes / 1e9,
             p.grads_bytes / 1e9,
             p.optim_bytes / 1e9,
@@ -305,6 +337,18 @@ pub fn run(args: &PlanArgs) -> Result<()> {
                 "  <- recommended"
             } else {
                 ""
+            }
+        );
+    }
+    if let Some(d) = input.diloco {
+        println!(
+            "# diloco rows: {} inner steps per outer step; they change the optimization (its cost \
+             in loss is not predicted){}",
+            d.inner_steps,
+            if d.allowed {
+                ""
+            } else {
+                ", so they are not recommended without --allow diloco"
             }
         );
     }
@@ -331,10 +375,10 @@ pub fn interconnects_table(json: bool) -> String {
              # tokens/s per strategy, or \"no fit\" (GB per device needed)\n",
         );
         out.push_str(&format!(
-            "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
-            "wiring", "ddp", "zero1", "zero2", "zero3", "hybrid", "choose"
+            "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
+            "wiring", "ddp", "zero1", "zero2", "zero3", "hybrid", "hsdp", "choose"
         ));
-        out.push_str(&format!("|{}|\n", ["-"; 7].map(|_| "---").join("|")));
+        out.push_str(&format!("|{}|\n", ["-"; 8].map(|_| "---").join("|")));
     }
     for (intra, inter, name) in wirings {
         let input = PlanInput {
@@ -360,6 +404,7 @@ pub fn interconnects_table(json: bool) -> String {
             overlap: 0.0,
             prefetch: true,
             rank_order: Default::default(),
+            diloco: None,
         };
         let plans = input.plan();
         if json {
@@ -386,13 +431,14 @@ pub fn interconnects_table(json: bool) -> String {
             .find(|p| p.recommended)
             .map_or("none".to_string(), |p| p.strategy.to_string());
         out.push_str(&format!(
-            "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
+            "| {:<34} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:>13} | {:<8} |\n",
             name,
             cell(Strategy::Ddp),
             cell(Strategy::Zero1),
             cell(Strategy::Zero2),
             cell(Strategy::Zero3),
             cell(Strategy::Hybrid),
+            cell(Strategy::Hsdp),
             choose
         ));
     }

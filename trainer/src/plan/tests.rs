@@ -21,6 +21,7 @@ fn zero_paper() -> PlanInput {
         overlap: 0.0,
         prefetch: false,
         rank_order: RankOrder::NodeMajor,
+        diloco: None,
     }
 }
 
@@ -92,7 +93,8 @@ fn recommends_the_fastest_that_fits_and_says_why() {
             Strategy::Zero1,
             Strategy::Zero2,
             Strategy::Zero3,
-            Strategy::Hybrid
+            Strategy::Hybrid,
+            Strategy::Hsdp
         ]
     );
     let r = plans.iter().find(|x| x.recommended).unwrap();
@@ -190,4 +192,85 @@ fn bad_input_is_refused() {
     p.overlap = 2.0;
     assert!(p.validate().is_err());
     assert!(zero_paper().validate().is_ok());
+}
+
+/// DiLoCo sends DDP's bytes between nodes once every H steps; inside the node it runs its
+/// inner strategy every step; it keeps 8 more bytes per parameter (anchor and momentum).
+#[test]
+fn diloco_sends_ddps_inter_node_bytes_divided_by_h() {
+    let mut p = zero_paper();
+    p.device_mem = 1e15;
+    p.diloco = Some(DilocoPlan {
+        inner_steps: 50,
+        allowed: false,
+    });
+    let ddp = p.comm(Strategy::Ddp);
+    let d = p.diloco_comm(50);
+    assert_eq!(d.inter_bytes, ddp.inter_bytes / 50.0);
+    assert_eq!(d.inter_s, ddp.inter_s / 50.0);
+    // Inside the node: an all-reduce every step, plus the outer one's share.
+    assert_eq!(d.intra_bytes, ddp.intra_bytes * (1.0 + 1.0 / 50.0));
+    let plans = p.plan();
+    let row = |name: &str| plans.iter().find(|x| x.name == name).unwrap().clone();
+    let (dl, dh) = (row("diloco"), row("diloco-hybrid"));
+    assert_eq!((dl.diloco_inner_steps, dl.exact), (Some(50), false));
+    assert_eq!(dh.strategy, Strategy::Hybrid);
+    assert_eq!(dl.comm_bytes_inter, row("ddp").comm_bytes_inter / 50.0);
+    assert_eq!(dl.optim_bytes, row("ddp").optim_bytes + 8.0 * p.params);
+    assert_eq!(dh.optim_bytes, row("hybrid").optim_bytes + 8.0 * p.params);
+    // On a slow network it is the fastest, but recommended only when allowed.
+    p.inter = Link::gbits(0.02, 1000.0);
+    let fastest = |plans: &[StrategyPlan]| {
+        plans
+            .iter()
+            .max_by(|a, b| a.tokens_per_s.total_cmp(&b.tokens_per_s))
+            .unwrap()
+            .name
+            .clone()
+    };
+    let plans = p.plan();
+    assert!(fastest(&plans).starts_with("diloco"));
+    let rec = plans.iter().find(|x| x.recommended).unwrap();
+    assert!(rec.exact, "{} recommended without --allow diloco", rec.name);
+    p.diloco = Some(DilocoPlan {
+        inner_steps: 50,
+        allowed: true,
+    });
+    let plans = p.plan();
+    let rec = plans.iter().find(|x| x.recommended).unwrap();
+    assert!(rec.name.starts_with("diloco"), "{}", rec.name);
+    assert!(reason(&plans, p.device_mem).starts_with("diloco"));
+}
+
+/// int8 carries one byte per element plus an f32 scale per 128: 33/128 of f32's bytes.
+#[test]
+fn int8_wire_bytes() {
+    let mut p = zero_paper();
+    p.wire = WireDtype::F32;
+    let f32_bytes = p.comm(Strategy::Zero2);
+    p.wire = WireDtype::Int8;
+    let int8 = p.comm(Strategy::Zero2);
+    let k = 33.0 / 128.0;
+    assert!((int8.inter_bytes / f32_bytes.inter_bytes - k).abs() < 1e-12);
+    assert!((int8.intra_bytes / f32_bytes.intra_bytes - k).abs() < 1e-12);
+    assert_eq!(int8.volume, f32_bytes.volume, "the elements are the same");
+}
+
+/// HSDP's prefetch hides its two node gathers (2/3 of its intra-node time), not its
+/// inter-node all-reduce.
+#[test]
+fn hsdp_prefetch_hides_its_node_gathers() {
+    let mut p = zero_paper();
+    p.device_mem = 1e15;
+    p.intra = Link::preset("pcie4").unwrap();
+    p.tflops = 5.0; // compute-bound: every gather is hidden
+    let hsdp = |p: &PlanInput| p.plan().into_iter().find(|x| x.name == "hsdp").unwrap();
+    let plain = hsdp(&p);
+    p.prefetch = true;
+    let pre = hsdp(&p);
+    let c = p.comm(Strategy::Hsdp);
+    assert!(pre.compute_s > 2.0 * c.intra_s / 3.0);
+    let want = pre.compute_s + c.seconds() - 2.0 * c.intra_s / 3.0;
+    assert!((pre.step_s - want).abs() < 1e-9, "{} vs {want}", pre.step_s);
+    assert!((plain.step_s - (plain.compute_s + c.seconds())).abs() < 1e-9);
 }
