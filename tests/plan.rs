@@ -244,3 +244,27 @@ fn bench_compute_refuses_bad_input() {
     let e = common::refused(&["bench", "--op", "compute", "--d-model", "6"]);
     assert!(e.contains("--d-model"), "{e}");
 }
+
+/// `wiretrain plan ... | head`: a reader that goes away ends the command quietly (SIGPIPE's
+/// default action, as Unix tools), not with a panic on the failed print.
+#[cfg(unix)]
+#[test]
+fn a_closed_stdout_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(common::bin())
+        .args(["plan", "--params", "1e9"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(
+        out.status.signal(),
+        Some(libc::SIGPIPE),
+        "{:?}: {err}",
+        out.status
+    );
+}

@@ -184,6 +184,14 @@ fn report_names_the_straggler_and_who_was_waited_for() {
     assert_eq!(w["waited_for"], 2, "{r}");
     assert_ne!(w["rank"], 2);
     assert_eq!(r["splits"].as_array().unwrap().len(), 4);
+    // What each rank's communication thread carried, and the share it did not wait for.
+    for sp in r["splits"].as_array().unwrap() {
+        let (busy, hidden) = (
+            sp["comm_busy_ms"].as_f64().unwrap(),
+            sp["hidden_share"].as_f64().unwrap(),
+        );
+        assert!(busy > 0.0 && (0.0..=1.0).contains(&hidden), "{sp}");
+    }
     // Two nodes: the gradient collectives crossed the inter-node link and were timed there.
     let bw = r["bandwidth"].as_array().unwrap();
     assert!(

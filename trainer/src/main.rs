@@ -55,6 +55,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if matches!(cli.cmd, Cmd::Plan(_) | Cmd::Report(_) | Cmd::Devices(_)) {
+        quiet_on_closed_stdout();
+    }
     let res = match &cli.cmd {
         Cmd::Bench(a) => cli::bench::run(a),
         Cmd::Train(a) => cli::train::run(a),
@@ -117,6 +120,18 @@ fn render(e: &anyhow::Error) -> String {
         out.push_str(&msg);
     }
     out
+}
+
+/// The read-only commands end quietly when their reader goes away (`wiretrain report DIR |
+/// head`), as Unix tools do, instead of panicking on the failed print: SIGPIPE gets its
+/// default action back (Rust ignores it). Training and launching keep ignoring it.
+fn quiet_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: resets one signal's disposition before any thread of ours starts; no handler
+    // of ours is replaced (wiretrain installs none for SIGPIPE).
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 #[cfg(test)]

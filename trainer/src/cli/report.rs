@@ -93,7 +93,7 @@ fn print_splits(r: &Report) {
         r.world, r.clock_accuracy_us
     );
     println!(
-        "{:>5} {:>5} {:>6} {:>10} {:>11} {:>11} {:>10} {:>9} {:>9}",
+        "{:>5} {:>5} {:>6} {:>10} {:>11} {:>11} {:>10} {:>9} {:>9} {:>13} {:>8}",
         "rank",
         "node",
         "steps",
@@ -102,11 +102,13 @@ fn print_splits(r: &Report) {
         "exposed ms",
         "optim ms",
         "data ms",
-        "other ms"
+        "other ms",
+        "comm busy ms",
+        "hidden"
     );
     for s in &r.splits {
         println!(
-            "{:>5} {:>5} {:>6} {:>10.2} {:>11.2} {:>11.2} {:>10.2} {:>9.2} {:>9.2}",
+            "{:>5} {:>5} {:>6} {:>10.2} {:>11.2} {:>11.2} {:>10.2} {:>9.2} {:>9.2} {:>13.2} {:>7.0}%",
             s.rank,
             s.node,
             s.steps,
@@ -115,9 +117,15 @@ fn print_splits(r: &Report) {
             s.comm_ms,
             s.optim_ms,
             s.data_ms,
-            s.other_ms
+            s.other_ms,
+            s.comm_busy_ms,
+            100.0 * s.hidden_share
         );
     }
+    println!(
+        "  (comm busy: time a collective was in flight on the rank's communication thread; \
+         hidden: the share of it the rank computed through instead of waiting)"
+    );
     println!(
         "slowest rank: {} (busy {:.2} ms per step more than the median rank, {:.2}x)",
         r.slowest_rank, r.slowest_extra_ms, r.slowest_ratio

@@ -124,6 +124,12 @@ pub struct Split {
     pub data_ms: f64,
     /// Step time outside any span.
     pub other_ms: f64,
+    /// Time within steps when the rank's communication thread had a collective in flight
+    /// (the union of their spans, from start to completion).
+    pub comm_busy_ms: f64,
+    /// The share of that time the rank did not wait for (it computed meanwhile):
+    /// 1 − exposed / busy, in [0, 1]; 0 without communication.
+    pub hidden_share: f64,
 }
 
 impl Split {
@@ -312,6 +318,7 @@ fn split_of(t: &RankTrace, waits: &mut Vec<(usize, String, f64)>) -> Split {
     let get = |k: &str| sum.get(k).copied().unwrap_or(0.0) / n / 1e3;
     let (compute, comm, optim, data) = (get("compute"), get("comm"), get("optim"), get("data"));
     let step_ms = step_total / n / 1e3;
+    let busy = comm_busy_us(t, &steps) / n / 1e3;
     Split {
         rank: t.rank,
         node: t.node,
@@ -322,7 +329,48 @@ fn split_of(t: &RankTrace, waits: &mut Vec<(usize, String, f64)>) -> Split {
         optim_ms: optim,
         data_ms: data,
         other_ms: (step_ms - compute - comm - optim - data).max(0.0),
+        comm_busy_ms: busy,
+        hidden_share: if busy > 0.0 {
+            (1.0 - comm / busy).clamp(0.0, 1.0)
+        } else {
+            0.0
+        },
     }
+}
+
+/// Microseconds within `steps` during which some collective of `t` was in flight.
+fn comm_busy_us(t: &RankTrace, steps: &[&&Event]) -> f64 {
+    let mut spans: Vec<(f64, f64)> = t
+        .events
+        .iter()
+        .filter(|e| e.ph == "X" && e.cat == "collective")
+        .map(|e| {
+            let start = e
+                .args
+                .get("started_us")
+                .and_then(|v| v.as_f64())
+                .unwrap_or(e.ts);
+            (start, e.ts + e.dur.unwrap_or(0.0))
+        })
+        .collect();
+    spans.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut merged: Vec<(f64, f64)> = Vec::new();
+    for (a, b) in spans {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    steps
+        .iter()
+        .map(|s| {
+            let (s0, s1) = (s.ts, s.ts + s.dur.unwrap_or(0.0));
+            merged
+                .iter()
+                .map(|&(a, b)| (b.min(s1) - a.max(s0)).max(0.0))
+                .sum::<f64>()
+        })
+        .sum()
 }
 
 /// The collectives of every rank's communication track.
@@ -521,6 +569,11 @@ mod tests {
         let r = analyse(&[mk(0, 2_000.0), mk(1, 6_000.0)]);
         assert_eq!(r.slowest_rank, 1);
         assert!((r.splits[0].comm_ms - 7.0).abs() < 1e-9);
+        // Rank 0's comm thread carried 1 ms during its compute (hidden) and 7 ms it waited
+        // for: 8 ms busy, 1/8 hidden; rank 1: 1 + 3 ms, 1/4 hidden.
+        assert!((r.splits[0].comm_busy_ms - 8.0).abs() < 1e-9);
+        assert!((r.splits[0].hidden_share - 0.125).abs() < 1e-9);
+        assert!((r.splits[1].hidden_share - 0.25).abs() < 1e-9);
         assert_eq!(r.waits[0].rank, 0);
         assert_eq!(r.waits[0].waited_for, Some(1));
         assert!((r.waits[0].late_by_ms - 4.0).abs() < 1e-9);
