@@ -270,3 +270,43 @@ fn missing_or_truncated_traces_are_clear_errors() {
     assert!(!text.contains("panicked"), "{text}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Every step's metrics say how long the rank's communication thread ran collectives and
+/// which share of that was hidden behind compute: ZeRO-3's prefetched parameter gathers run
+/// while a unit computes (a real share hidden); DDP communicates after the backward pass.
+#[test]
+fn metrics_say_how_much_communication_was_hidden() {
+    let median_hidden = |strategy: &str| {
+        let args = common::local_train(
+            "2",
+            "2",
+            &[
+                "--example",
+                "char-lm",
+                "--strategy",
+                strategy,
+                "--steps",
+                "8",
+                "--device",
+                "cpu",
+                "--no-progress",
+            ],
+        );
+        let rows = common::train_metrics(strategy, &args, &[], Duration::from_secs(240));
+        let (steps, summary) = rows.split_at(rows.len() - 1);
+        for r in steps {
+            let (busy, hidden) = (
+                r["comm_busy_ms"].as_f64().unwrap(),
+                r["hidden_share"].as_f64().unwrap(),
+            );
+            assert!(
+                busy > 0.0 && (0.0..=1.0).contains(&hidden),
+                "{strategy}: {r}"
+            );
+        }
+        summary[0]["median"]["hidden_share"].as_f64().unwrap()
+    };
+    let (zero3, ddp) = (median_hidden("zero3"), median_hidden("ddp"));
+    assert!(zero3 > 0.1, "zero3 hides {zero3} of its communication");
+    assert!(ddp < zero3, "ddp {ddp} vs zero3 {zero3}");
+}

@@ -57,6 +57,11 @@ pub struct FlightRecorder {
     dumped: Option<PathBuf>,
     /// When tracing: every finished collective, until taken (bounded).
     history: Option<Vec<Entry>>,
+    /// Calls started and not yet finished, since when one has been (ms), and the total time
+    /// during which one was: what the communication thread carried.
+    running: usize,
+    busy_since_ms: f64,
+    busy_ms: f64,
 }
 
 /// Finished collectives kept for a trace between two `take_history` calls at most.
@@ -70,7 +75,21 @@ impl FlightRecorder {
             entries: VecDeque::with_capacity(CAPACITY),
             dumped: None,
             history: None,
+            running: 0,
+            busy_since_ms: 0.0,
+            busy_ms: 0.0,
         }
+    }
+
+    /// Milliseconds so far during which at least one call of this rank was running (between
+    /// its start and its end on the communication thread), the running one included.
+    pub fn busy_ms(&self) -> f64 {
+        let open = if self.running > 0 {
+            self.now() - self.busy_since_ms
+        } else {
+            0.0
+        };
+        self.busy_ms + open
     }
 
     /// The instant the recorder's millisecond times count from.
@@ -134,6 +153,10 @@ impl FlightRecorder {
 
     pub fn started(&mut self, id: OpId) {
         let t = self.now();
+        self.running += 1;
+        if self.running == 1 {
+            self.busy_since_ms = t;
+        }
         if let Some(e) = self.entry(id) {
             e.started_ms = Some(t);
             e.state = "running".into();
@@ -161,6 +184,17 @@ impl FlightRecorder {
 
     pub fn finished(&mut self, id: OpId, error: Option<String>) {
         let t = self.now();
+        // A call ended before it started (kept from starting) was never running; one the
+        // ring has dropped already is taken to have been.
+        let was_running = self
+            .entry(id)
+            .is_none_or(|e| e.started_ms.is_some() && e.finished_ms.is_none());
+        if was_running && self.running > 0 {
+            self.running -= 1;
+            if self.running == 0 {
+                self.busy_ms += t - self.busy_since_ms;
+            }
+        }
         let keep = self.history.as_ref().is_some_and(|h| h.len() < HISTORY_CAP);
         if let Some(e) = self.entry(id) {
             e.finished_ms = Some(t);
@@ -254,6 +288,47 @@ fn private_dir() -> std::io::Result<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Busy time is the union of the calls' running spans: overlapping calls count once,
+    /// a call kept from starting not at all, and the running one up to now.
+    #[test]
+    fn busy_time_is_the_union_of_running_calls() {
+        use crate::op::{Group, OpKind};
+        let id = |seq| OpId {
+            kind: OpKind::AllReduce,
+            group: Group::World,
+            seq,
+        };
+        let pause = || std::thread::sleep(std::time::Duration::from_millis(20));
+        let mut f = FlightRecorder::new(0);
+        for seq in 1..=3 {
+            f.submitted(id(seq), 2, 64, "f32", None);
+        }
+        f.started(id(1));
+        pause();
+        f.started(id(2)); // overlaps call 1
+        pause();
+        f.finished(id(1), None);
+        pause();
+        f.finished(id(2), None);
+        f.finish_open(id(3), "kept from starting");
+        let busy = f.busy_ms();
+        assert!(
+            (60.0..200.0).contains(&busy),
+            "{busy} ms for three 20 ms pauses"
+        );
+        pause();
+        assert_eq!(f.busy_ms(), busy, "idle time is not busy");
+        f.submitted(id(4), 2, 64, "f32", None);
+        f.started(id(4));
+        pause();
+        assert!(
+            f.busy_ms() >= busy + 20.0,
+            "the running call counts up to now"
+        );
+        f.finished(id(4), None);
+        assert_eq!(f.running, 0);
+    }
 
     #[test]
     fn keeps_the_last_collectives_and_their_outcome() {

@@ -231,6 +231,13 @@ impl ProcessGroup {
         lock(&self.flight).entries()
     }
 
+    /// Time so far during which this rank's communication thread was running a collective
+    /// (from each call's start to its end): with the waits a step exposed, how much of its
+    /// communication was hidden behind compute.
+    pub fn comm_busy(&self) -> Duration {
+        Duration::from_secs_f64(lock(&self.flight).busy_ms().max(0.0) / 1e3)
+    }
+
     /// The instant the flight recorder's times count from.
     pub fn flight_epoch(&self) -> std::time::Instant {
         lock(&self.flight).epoch()

@@ -53,9 +53,24 @@ pub struct StepReport {
     pub gather_ms: f64,
     /// Bytes this rank sent to other nodes during the step (QUIC frames, headers included).
     pub sent_bytes: u64,
+    /// Time during the step when this rank's communication thread ran a collective (each
+    /// from its start to its end): the step's communication, hidden or not.
+    pub comm_busy_ms: f64,
     /// Some rank asked to stop (see [`Trainer::set_stop_flag`]); every rank gets the same
     /// answer after the same step, so all of them can leave the loop together.
     pub stop: bool,
+}
+
+impl StepReport {
+    /// The share of the step's communication the rank did not wait for (it computed
+    /// meanwhile): 1 − waited / busy, in [0, 1]; 0 without communication.
+    pub fn hidden_share(&self) -> f64 {
+        if self.comm_busy_ms > 0.0 {
+            (1.0 - self.comm_ms / self.comm_busy_ms).clamp(0.0, 1.0)
+        } else {
+            0.0
+        }
+    }
 }
 
 pub struct Trainer<M: Module> {
@@ -70,8 +85,9 @@ pub struct Trainer<M: Module> {
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
-    /// `pg.bytes_sent()` when the current step began.
+    /// `pg.bytes_sent()` and `pg.comm_busy()` when the current step began.
     sent_at_start: u64,
+    busy_at_start: Duration,
     /// This rank's gradient and loss weight: share · world / global batch (1 with equal
     /// shares), so the mean over ranks is the global-batch mean (see `set_sample_weight`).
     sample_weight: f32,
@@ -146,6 +162,7 @@ impl<M: Module> Trainer<M> {
             memory,
             stop: None,
             sent_at_start: 0,
+            busy_at_start: Duration::ZERO,
             sample_weight: 1.0,
             run_id: format!("{:016x}", rand::random::<u64>()),
         };
@@ -326,6 +343,7 @@ impl<M: Module> Trainer<M> {
             .into());
         }
         self.sent_at_start = self.pg.bytes_sent();
+        self.busy_at_start = self.pg.comm_busy();
         let model = self.model.take().expect("model present between steps");
         Ok((StepClock::since(Instant::now()), model))
     }
@@ -404,6 +422,7 @@ impl<M: Module> Trainer<M> {
             step_ms: ms(clock.elapsed()),
             gather_ms: ms(clock.total(Phase::Gather)),
             sent_bytes: self.pg.bytes_sent() - self.sent_at_start,
+            comm_busy_ms: ms(self.pg.comm_busy().saturating_sub(self.busy_at_start)),
             stop,
         })
     }

@@ -165,6 +165,7 @@ impl<M: Units> Trainer<M> {
         }
         let clock = StepClock::since(Instant::now());
         self.sent_at_start = self.pg.bytes_sent();
+        self.busy_at_start = self.pg.comm_busy();
         let units = self.held.buckets.clone();
         let reach = Reach::of(self.cfg.strategy.scope());
         // Offsets of each unit's share inside this rank's concatenated share vector.

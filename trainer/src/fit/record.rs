@@ -19,8 +19,9 @@ pub(super) struct Record {
     t_start: Instant,
     t_iter: Instant,
     points: Vec<PlotPoint>,
-    /// Per step: step, compute, comm, optim ms, sent bytes, gather ms.
-    split: Vec<[f64; 6]>,
+    /// Per step: step, compute, comm, optim ms, sent bytes, gather ms, comm busy ms, hidden
+    /// share.
+    split: Vec<[f64; 8]>,
     comm_total: f64,
 }
 
@@ -76,6 +77,8 @@ impl Record {
             rep.optim_ms,
             rep.sent_bytes as f64,
             rep.gather_ms,
+            rep.comm_busy_ms,
+            rep.hidden_share(),
         ]);
         if let Some(o) = self.out.as_mut() {
             let line = serde_json::json!({
@@ -88,6 +91,10 @@ impl Record {
                 "optim_ms": rep.optim_ms,
                 "gather_ms": rep.gather_ms,
                 "sent_bytes": rep.sent_bytes,
+                // Rank 0's communication thread: how long it ran collectives this step, and
+                // the share of that the rank computed through instead of waiting.
+                "comm_busy_ms": rep.comm_busy_ms,
+                "hidden_share": rep.hidden_share(),
                 "shares": shares,
                 // The whole loop iteration on the leader: the step plus anything between steps.
                 "wall_ms": self.t_iter.elapsed().as_secs_f64() * 1e3,
@@ -255,7 +262,7 @@ fn progress_bar(steps: usize, show: bool) -> ProgressBar {
 
 /// Medians of the per-step time split (the first step, which compiles kernels, is left out
 /// when there are more).
-fn medians(reports: &[[f64; 6]]) -> serde_json::Value {
+fn medians(reports: &[[f64; 8]]) -> serde_json::Value {
     let skip = usize::from(reports.len() > 1);
     let med = |k: usize| {
         let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
@@ -264,7 +271,8 @@ fn medians(reports: &[[f64; 6]]) -> serde_json::Value {
     };
     serde_json::json!({
         "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
-        "sent_bytes": med(4), "gather_ms": med(5),
+        "sent_bytes": med(4), "gather_ms": med(5), "comm_busy_ms": med(6),
+        "hidden_share": med(7),
     })
 }
 
