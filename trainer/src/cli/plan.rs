@@ -249,6 +249,74 @@ impl PlanArgs {
     }
 }
 
+/// The human table: the inputs, one row per strategy, DiLoCo's caveat.
+fn print_table(input: &PlanInput, plans: &[wiretrain::plan::StrategyPlan]) {
+    println!(
+        "# {:.3e} parameters, {} node(s) x {} device(s) of {:.0} GB, {} precision, {} on the wire",
+        input.params,
+        input.nodes,
+        input.gpus_per_node,
+        input.device_mem / 1e9,
+        format!("{:?}", input.precision).to_lowercase(),
+        format!("{:?}", input.wire).to_lowercase()
+    );
+    println!(
+        "# global batch {} x {} tokens; {:.0} TFLOP/s per device; intra {:.1} GB/s, inter {:.2} GB/s per direction",
+        input.global_batch,
+        input.seq,
+        input.tflops,
+        input.intra.bytes_per_s / 1e9,
+        input.inter.bytes_per_s / 1e9
+    );
+    println!(
+        "{:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>9} {:>12}",
+        "strategy",
+        "params",
+        "grads",
+        "optim",
+        "activ",
+        "total GB",
+        "fits",
+        "intra GB",
+        "inter GB",
+        "step s",
+        "tokens/s"
+    );
+    for p in plans {
+        println!(
+            "{:>13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>5} {:>10.2} {:>10.2} {:>9.3} {:>12.0}{}",
+            p.name,
+            p.params_bytes / 1e9,
+            p.grads_bytes / 1e9,
+            p.optim_bytes / 1e9,
+            p.activation_bytes / 1e9,
+            p.bytes_per_device / 1e9,
+            if p.fits { "yes" } else { "no" },
+            p.comm_bytes_intra / 1e9,
+            p.comm_bytes_inter / 1e9,
+            p.step_s,
+            p.tokens_per_s,
+            if p.recommended {
+                "  <- recommended"
+            } else {
+                ""
+            }
+        );
+    }
+    if let Some(d) = input.diloco {
+        println!(
+            "# diloco rows: {} inner steps per outer step; they change the optimization (its cost \
+             in loss is not predicted){}",
+            d.inner_steps,
+            if d.allowed {
+                ""
+            } else {
+                ", so they are not recommended without --allow diloco"
+            }
+        );
+    }
+}
+
 /// `--allow`'s list: whether it allows DiLoCo (the only strategy that changes the
 /// optimization); anything else is refused.
 fn allowed(list: Option<&str>) -> Result<bool> {
@@ -288,70 +356,7 @@ pub fn run(args: &PlanArgs) -> Result<()> {
         }
         return Ok(());
     }
-    println!(
-        "# {:.3e} parameters, {} node(s) x {} device(s) of {:.0} GB, {} precision, {} on the wire",
-        input.params,
-        input.nodes,
-        input.gpus_per_node,
-        input.device_mem / 1e9,
-        format!("{:?}", input.precision).to_lowercase(),
-        format!("{:?}", input.wire).to_lowercase()
-    );
-    println!(
-        "# global batch {} x {} tokens; {:.0} TFLOP/s per device; intra {:.1} GB/s, inter {:.2} GB/s per direction",
-        input.global_batch,
-        input.seq,
-        input.tflops,
-        input.intra.bytes_per_s / 1e9,
-        input.inter.bytes_per_s / 1e9
-    );
-    println!(
-        "{:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>9} {:>12}",
-        "strategy",
-        "params",
-        "grads",
-        "optim",
-        "activ",
-        "total GB",
-        "fits",
-        "intra GB",
-        "inter GB",
-        "step s",
-        "tokens/s"
-    );
-    for p in &plans {
-        println!(
-            "{:>13} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>9.2} {:>5} {:>10.2} {:>10.2} {:>9.3} {:>12.0}{}",
-            p.name,
-            p.params_bytes / 1e9,
-            p.grads_bytes / 1e9,
-            p.optim_bytes / 1e9,
-            p.activation_bytes / 1e9,
-            p.bytes_per_device / 1e9,
-            if p.fits { "yes" } else { "no" },
-            p.comm_bytes_intra / 1e9,
-            p.comm_bytes_inter / 1e9,
-            p.step_s,
-            p.tokens_per_s,
-            if p.recommended {
-                "  <- recommended"
-            } else {
-                ""
-            }
-        );
-    }
-    if let Some(d) = input.diloco {
-        println!(
-            "# diloco rows: {} inner steps per outer step; they change the optimization (its cost \
-             in loss is not predicted){}",
-            d.inner_steps,
-            if d.allowed {
-                ""
-            } else {
-                ", so they are not recommended without --allow diloco"
-            }
-        );
-    }
+    print_table(&input, &plans);
     println!("recommendation: {}", reason(&plans, input.device_mem));
     Ok(())
 }
