@@ -80,8 +80,8 @@ PY
 import json, subprocess, sys
 b, params, nodes, batch, seq, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 tflops, gbps, lat = sys.argv[7:10]
-# wiretrain's ZeRO-3 and HSDP recompute each unit's forward in backward: 8 psi per token.
-extra = ["--recompute"] if st in ("zero3", "hsdp") else []
+# (The planner charges ZeRO-3 and HSDP their recomputed unit forwards itself: 8 psi per token.)
+extra = []
 out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
     "--seq", seq, "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
     "--wire", "f32", "--tflops", tflops, "--inter-gbps", gbps, "--inter-latency-us", lat,

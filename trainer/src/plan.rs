@@ -25,6 +25,8 @@
 //!   anchor and outer momentum (8 bytes per parameter). Its effect on the loss is not
 //!   predicted (it changes the optimization): such rows are recommended only when allowed.
 //! - **Compute**: 6·Ψ FLOPs per token (8·Ψ with recomputation) at the device's achieved TFLOP/s.
+//!   ZeRO-3 and HSDP always recompute: wiretrain runs them unit by unit, recomputing each
+//!   unit's forward in the backward pass (their activations are counted recomputed too).
 //! - **Overlap**: `step = compute + max((1 − overlap)·comm, comm − compute)`; the default overlap
 //!   0 is wiretrain today for DDP/ZeRO-1/2 (communication after the backward pass), 1 would be
 //!   perfect overlap. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`) also hides its
@@ -215,6 +217,17 @@ impl PlanInput {
 
     /// Activation bytes per device (0 without a shape).
     pub fn activation_bytes(&self) -> f64 {
+        self.activations(self.recompute)
+    }
+
+    /// Whether `st`'s rows recompute activations: when asked, and always for stage 3, which
+    /// wiretrain runs unit by unit, recomputing each unit's forward in the backward pass.
+    pub fn recomputes(&self, st: Strategy) -> bool {
+        self.recompute || st.stage() == Stage::Parameters
+    }
+
+    /// Activation bytes per device, recomputed or kept (0 without a shape).
+    fn activations(&self, recompute: bool) -> f64 {
         let Some(sh) = self.shape else { return 0.0 };
         let (s, b, h, a) = (
             self.seq as f64,
@@ -222,7 +235,7 @@ impl PlanInput {
             sh.hidden as f64,
             sh.heads as f64,
         );
-        let per_layer = if self.recompute {
+        let per_layer = if recompute {
             2.0 * s * b * h
         } else {
             s * b * h * (34.0 + 5.0 * a * s / h)
@@ -336,10 +349,18 @@ impl PlanInput {
         rows
     }
 
-    /// The plan of one row: memory, communication, and the step it predicts.
-    fn plan_row(&self, st: Strategy, diloco: Option<u64>, compute_s: f64) -> StrategyPlan {
+    /// Seconds of compute per step: 6Ψ FLOPs per token, 8Ψ when `st` recomputes.
+    pub fn compute_s(&self, st: Strategy) -> f64 {
         let tokens = (self.global_batch * self.seq) as f64;
-        let act = self.activation_bytes();
+        let per_token = if self.recomputes(st) { 8.0 } else { 6.0 } * self.params;
+        per_token * tokens / self.devices() / (self.tflops * 1e12)
+    }
+
+    /// The plan of one row: memory, communication, and the step it predicts.
+    fn plan_row(&self, st: Strategy, diloco: Option<u64>) -> StrategyPlan {
+        let tokens = (self.global_batch * self.seq) as f64;
+        let compute_s = self.compute_s(st);
+        let act = self.activations(self.recomputes(st));
         let (p, g, mut o) = self.model_states(st);
         let c = match diloco {
             Some(h) => {
@@ -390,13 +411,10 @@ impl PlanInput {
     /// The plan of every row; the fastest that fits is recommended (ties within 2 % go to the
     /// one that keeps more memory free), DiLoCo only when allowed.
     pub fn plan(&self) -> Vec<StrategyPlan> {
-        let tokens = (self.global_batch * self.seq) as f64;
-        let flops_per_token = if self.recompute { 8.0 } else { 6.0 } * self.params;
-        let compute_s = flops_per_token * tokens / self.devices() / (self.tflops * 1e12);
         let mut out: Vec<StrategyPlan> = self
             .rows()
             .into_iter()
-            .map(|(st, d)| self.plan_row(st, d, compute_s))
+            .map(|(st, d)| self.plan_row(st, d))
             .collect();
         let allowed = self.diloco.is_some_and(|d| d.allowed);
         let eligible = |p: &StrategyPlan| p.fits && (p.exact || allowed);

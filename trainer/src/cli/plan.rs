@@ -376,7 +376,7 @@ pub fn interconnects_table(json: bool) -> String {
         out.push_str(
             "# 70B parameters, 2 nodes x 8 GPUs of 80 GB, 400 TFLOP/s achieved each, mixed precision\n\
              # (K = 12), bf16 on the wire, activations recomputed, 64 x 2048 tokens per step; no overlap\n\
-             # except ZeRO-3 prefetching its all-gathers behind compute.\n\
+             # except ZeRO-3 and HSDP prefetching their all-gathers behind compute.\n\
              # tokens/s per strategy, or \"no fit\" (GB per device needed)\n",
         );
         out.push_str(&format!(

@@ -274,3 +274,31 @@ fn hsdp_prefetch_hides_its_node_gathers() {
     assert!((pre.step_s - want).abs() < 1e-9, "{} vs {want}", pre.step_s);
     assert!((plain.step_s - (plain.compute_s + c.seconds())).abs() < 1e-9);
 }
+
+/// wiretrain runs ZeRO-3 and HSDP unit by unit, recomputing each unit's forward: their rows
+/// charge 8Ψ FLOPs per token and recomputed activations whether or not --recompute is given.
+#[test]
+fn stage_3_rows_always_recompute() {
+    let mut p = zero_paper();
+    p.shape = Some(Shape {
+        layers: 12,
+        hidden: 768,
+        heads: 12,
+        vocab: 50257,
+    });
+    let plans = p.plan();
+    let row = |name: &str| plans.iter().find(|x| x.name == name).unwrap();
+    for name in ["zero3", "hsdp"] {
+        assert_eq!(
+            row(name).compute_s,
+            row("ddp").compute_s * 8.0 / 6.0,
+            "{name}"
+        );
+        assert!(row(name).activation_bytes < row("ddp").activation_bytes / 10.0);
+    }
+    assert_eq!(row("zero2").compute_s, row("ddp").compute_s);
+    p.recompute = true;
+    let plans = p.plan();
+    let c: Vec<f64> = plans.iter().map(|x| x.compute_s).collect();
+    assert!(c.iter().all(|&x| x == c[0]), "{c:?}");
+}
