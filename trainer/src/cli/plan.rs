@@ -249,6 +249,15 @@ impl PlanArgs {
     }
 }
 
+/// A link rate in GB/s, or MB/s below 0.1 GB/s (a shaped link would read 0.00 GB/s).
+fn rate(bytes_per_s: f64) -> String {
+    if bytes_per_s >= 1e8 {
+        format!("{:.2} GB/s", bytes_per_s / 1e9)
+    } else {
+        format!("{:.2} MB/s", bytes_per_s / 1e6)
+    }
+}
+
 /// The human table: the inputs, one row per strategy, DiLoCo's caveat.
 fn print_table(input: &PlanInput, plans: &[wiretrain::plan::StrategyPlan]) {
     println!(
@@ -261,12 +270,12 @@ fn print_table(input: &PlanInput, plans: &[wiretrain::plan::StrategyPlan]) {
         format!("{:?}", input.wire).to_lowercase()
     );
     println!(
-        "# global batch {} x {} tokens; {:.0} TFLOP/s per device; intra {:.1} GB/s, inter {:.2} GB/s per direction",
+        "# global batch {} x {} tokens; {:.0} TFLOP/s per device; intra {}, inter {} per direction",
         input.global_batch,
         input.seq,
         input.tflops,
-        input.intra.bytes_per_s / 1e9,
-        input.inter.bytes_per_s / 1e9
+        rate(input.intra.bytes_per_s),
+        rate(input.inter.bytes_per_s)
     );
     println!(
         "{:>13} {:>9} {:>9} {:>9} {:>9} {:>9} {:>5} {:>10} {:>10} {:>9} {:>12}",
