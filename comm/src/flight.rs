@@ -184,25 +184,26 @@ impl FlightRecorder {
 
     pub fn finished(&mut self, id: OpId, error: Option<String>) {
         let t = self.now();
+        let keep = self.history.as_ref().is_some_and(|h| h.len() < HISTORY_CAP);
         // A call ended before it started (kept from starting) was never running; one the
         // ring has dropped already is taken to have been.
-        let was_running = self
-            .entry(id)
-            .is_none_or(|e| e.started_ms.is_some() && e.finished_ms.is_none());
+        let (was_running, copy) = match self.entry(id) {
+            Some(e) => {
+                let running = e.started_ms.is_some() && e.finished_ms.is_none();
+                e.finished_ms = Some(t);
+                e.state = error.unwrap_or_else(|| "ok".into());
+                // Copied only while a trace keeps history: the common path allocates nothing.
+                (running, keep.then(|| e.clone()))
+            }
+            None => (true, None),
+        };
+        if let (Some(c), Some(h)) = (copy, self.history.as_mut()) {
+            h.push(c);
+        }
         if was_running && self.running > 0 {
             self.running -= 1;
             if self.running == 0 {
                 self.busy_ms += t - self.busy_since_ms;
-            }
-        }
-        let keep = self.history.as_ref().is_some_and(|h| h.len() < HISTORY_CAP);
-        if let Some(e) = self.entry(id) {
-            e.finished_ms = Some(t);
-            e.state = error.unwrap_or_else(|| "ok".into());
-            // Copied only while a trace keeps history: the common path allocates nothing.
-            let copy = keep.then(|| e.clone());
-            if let (Some(c), Some(h)) = (copy, self.history.as_mut()) {
-                h.push(c);
             }
         }
     }

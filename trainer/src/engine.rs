@@ -63,13 +63,19 @@ pub struct StepReport {
 
 impl StepReport {
     /// The share of the step's communication the rank did not wait for (it computed
-    /// meanwhile): 1 − waited / busy, in [0, 1]; 0 without communication.
+    /// meanwhile); see [`hidden_share`].
     pub fn hidden_share(&self) -> f64 {
-        if self.comm_busy_ms > 0.0 {
-            (1.0 - self.comm_ms / self.comm_busy_ms).clamp(0.0, 1.0)
-        } else {
-            0.0
-        }
+        hidden_share(self.comm_ms, self.comm_busy_ms)
+    }
+}
+
+/// The share of `busy_ms` of communication that was not among the `waited_ms` a rank spent
+/// waiting for it: 1 − waited / busy, in [0, 1]; 0 without communication.
+pub fn hidden_share(waited_ms: f64, busy_ms: f64) -> f64 {
+    if busy_ms > 0.0 {
+        (1.0 - waited_ms / busy_ms).clamp(0.0, 1.0)
+    } else {
+        0.0
     }
 }
 

@@ -330,11 +330,7 @@ fn split_of(t: &RankTrace, waits: &mut Vec<(usize, String, f64)>) -> Split {
         data_ms: data,
         other_ms: (step_ms - compute - comm - optim - data).max(0.0),
         comm_busy_ms: busy,
-        hidden_share: if busy > 0.0 {
-            (1.0 - comm / busy).clamp(0.0, 1.0)
-        } else {
-            0.0
-        },
+        hidden_share: wiretrain::engine::hidden_share(comm, busy),
     }
 }
 
