@@ -26,9 +26,9 @@ pub use crate::strategy::diloco::Diloco;
 
 mod ckpt;
 mod config;
-mod zero3;
+mod units;
 
-pub use config::{TrainerConfig, TrainerConfigBuilder};
+pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
 
 /// Bytes a rank holds for model states (host copies included), as the ZeRO paper counts them.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -88,6 +88,9 @@ pub struct Trainer<M: Module> {
     held: Held,
     /// The strategy's gradient sync, chosen once from `cfg`.
     sync: Box<dyn GradSync>,
+    /// Stages 0-2 on a unit model with overlap on: the buckets are the units and
+    /// `step_units` reduces each unit's gradient while earlier units' backward runs.
+    unit_overlap: bool,
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
@@ -121,6 +124,8 @@ impl<M: Module> Trainer<M> {
         Self::build(model, device, cfg, pg, None)
     }
 
+    /// `units`: the unit ranges of `layout`, which become the buckets (stage 3, or stages
+    /// 0-2 with overlap).
     fn build(
         model: M,
         device: &Device,
@@ -132,6 +137,7 @@ impl<M: Module> Trainer<M> {
             Some((u, l)) => (Some(u), l),
             None => (None, FlatLayout::of(&model)),
         };
+        let unit_overlap = unit_ranges.is_some() && !cfg.strategy.shards_params();
         check_agreement(&mut pg, &layout)?;
         let params = layout.flatten_params(&model);
         let params = pg.broadcast(params, 0).wait()?;
@@ -147,8 +153,10 @@ impl<M: Module> Trainer<M> {
         };
         let (model, params) = match &unit_ranges {
             // At rest a ZeRO-3 rank holds its shard of every unit and a module of placeholders.
-            Some(u) => (zero3::free_all(model, &layout, u), held.owned_of(&params)),
-            None => (layout.unflatten(model, &params), params),
+            Some(u) if cfg.strategy.shards_params() => {
+                (units::free_all(model, &layout, u), held.owned_of(&params))
+            }
+            _ => (layout.unflatten(model, &params), params),
         };
         held.params = params;
         let kernels = cfg
@@ -164,6 +172,7 @@ impl<M: Module> Trainer<M> {
             cfg,
             held,
             sync,
+            unit_overlap,
             opt,
             memory,
             stop: None,
@@ -251,6 +260,13 @@ impl<M: Module> Trainer<M> {
 
     pub fn memory(&self) -> MemoryReport {
         self.memory
+    }
+
+    /// Whether [`Trainer::step_units`] overlaps each unit's gradient reduction with the
+    /// backward of the units before it (stages 0-2 with [`Overlap`] on; see
+    /// [`Trainer::with_units`]). ZeRO-3 and HSDP always step unit by unit.
+    pub fn overlaps_units(&self) -> bool {
+        self.unit_overlap
     }
 
     /// Elements of the largest communication unit: a bucket, or under ZeRO-3 a unit.

@@ -13,6 +13,46 @@ use wiretrain_comm::WireDtype;
 /// Unit all-gathers ZeRO-3 may keep in flight ahead of the unit computing.
 pub const MAX_PREFETCH: usize = 16;
 
+/// Whether a model cut into [`Units`](crate::units::Units) runs DDP, ZeRO-1/2 and hybrid steps
+/// unit by unit, so that each unit's gradient reduction is in flight while the backward of
+/// the units before it runs (as PyTorch DDP's buckets and FSDP's reduce-scatters overlap
+/// backward). The price is one more forward of every unit but the last: the forward runs
+/// without keeping the graph and each unit is recomputed for its backward, as with
+/// activation checkpointing. ZeRO-3 and HSDP always step unit by unit; models without units,
+/// and steps of several micro-batches, never overlap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// On when the gradient reduction crosses nodes (the job spans more than one node and
+    /// is not DiLoCo, whose inner steps stay inside the node); off otherwise.
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl std::str::FromStr for Overlap {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(Self::Auto),
+            "on" => Ok(Self::On),
+            "off" => Ok(Self::Off),
+            other => Err(format!("{other:?} is not auto, on or off")),
+        }
+    }
+}
+
+impl std::fmt::Display for Overlap {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::On => "on",
+            Self::Off => "off",
+        })
+    }
+}
+
 /// How to train: [`TrainerConfig::new`] gives the defaults, [`TrainerConfig::builder`] (or
 /// [`TrainerConfig::to_builder`]) changes them.
 #[derive(Debug, Clone)]
@@ -24,6 +64,7 @@ pub struct TrainerConfig {
     pub(super) prefetch: usize,
     pub(super) wire: WireDtype,
     pub(super) fused_optimizer: bool,
+    pub(super) overlap: Overlap,
     pub(super) diloco: Option<Diloco>,
     pub(super) checkpoint_timeout: Duration,
     pub(super) faults: Faults,
@@ -31,7 +72,7 @@ pub struct TrainerConfig {
 
 impl TrainerConfig {
     /// The defaults for `strategy`: AdamW at lr 1e-3, 25 MiB buckets, prefetch 1, f32 on the
-    /// wire, the fused optimizer, no DiLoCo, a 600 s checkpoint timeout.
+    /// wire, the fused optimizer, overlap `auto`, no DiLoCo, a 600 s checkpoint timeout.
     pub fn new(strategy: Strategy) -> Self {
         Self {
             strategy,
@@ -41,6 +82,7 @@ impl TrainerConfig {
             prefetch: 1,
             wire: WireDtype::F32,
             fused_optimizer: true,
+            overlap: Overlap::Auto,
             diloco: None,
             checkpoint_timeout: Duration::from_secs(600),
             faults: Faults::default(),
@@ -87,6 +129,11 @@ impl TrainerConfig {
 
     pub fn fused_optimizer(&self) -> bool {
         self.fused_optimizer
+    }
+
+    /// Whether unit models overlap gradient reductions with backward ([`Overlap`]).
+    pub fn overlap(&self) -> Overlap {
+        self.overlap
     }
 
     pub fn diloco(&self) -> Option<Diloco> {
@@ -137,6 +184,10 @@ impl TrainerConfigBuilder {
         /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
         /// device) instead of Burn's tensor ops. Same math; off for comparisons.
         fused_optimizer(on: bool);
+        /// Unit models under DDP, ZeRO-1/2 and hybrid: reduce each unit's gradient while the
+        /// backward of the units before it runs, at the cost of recomputed unit forwards
+        /// ([`Overlap`]; `auto` by default).
+        overlap(overlap: Overlap);
         /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
         /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the
         /// only traffic between nodes) and apply an outer Nesterov-momentum SGD step.

@@ -40,6 +40,14 @@ impl GradSync for Replicated {
         Ok(full)
     }
 
+    fn issue(&self, cx: &mut SyncCx<'_>, flat: Vec<f32>) -> Work<Vec<f32>> {
+        self.reach.all_reduce(cx.pg, cx.wire, flat)
+    }
+
+    fn place(&self, cx: &SyncCx<'_>, b: usize, buf: &[f32], grad: &mut [f32]) {
+        grad[cx.held.buckets[b].clone()].copy_from_slice(buf);
+    }
+
     fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
         let _s = cx.clock.enter(Phase::Optim, "optimizer");
         // The micro-batch mean is taken in the step (on the device when fused).

@@ -10,7 +10,7 @@ use crate::error::{ConfigError, TrainError};
 use burn::optim::GradientsParams;
 use serde::Serialize;
 use std::ops::Range;
-use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp};
+use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, Work};
 
 /// DiLoCo's outer loop: defaults outer lr 0.7, momentum 0.9.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -135,6 +135,14 @@ impl GradSync for DilocoSync {
 
     fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
         self.inner.reduce(cx, grads)
+    }
+
+    fn issue(&self, cx: &mut SyncCx<'_>, flat: Vec<f32>) -> Work<Vec<f32>> {
+        self.inner.issue(cx, flat)
+    }
+
+    fn place(&self, cx: &SyncCx<'_>, b: usize, buf: &[f32], grad: &mut [f32]) {
+        self.inner.place(cx, b, buf, grad)
     }
 
     fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {

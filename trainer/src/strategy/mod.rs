@@ -16,7 +16,7 @@
 //!   node's ranks; updated parameters are gathered inside the node only, so the traffic
 //!   between nodes is the gradient reduction alone ([`sharded`]).
 //! * `Zero3` (stage 3): parameters sharded too; a unit's full parameters are all-gathered just
-//!   before it runs (forward and backward, prefetched) and freed after (`engine::zero3`).
+//!   before it runs (forward and backward, prefetched) and freed after (`engine::units`).
 //! * `Hsdp` (stage 3, node scope): FSDP's HYBRID_SHARD: unit parameters are gathered inside
 //!   the node only; between nodes travels the gradient reduction.
 //!

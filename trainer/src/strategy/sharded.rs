@@ -6,7 +6,7 @@
 //!   its gradient shard plus one bucket.
 //! * Stages 1-2 then step the f32 master of the owned pieces and gather every rank's pieces
 //!   (in the wire dtype) into the parameters the model computes with.
-//! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::zero3`) reduces
+//! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::units`) reduces
 //!   through the same [`Reach`], and this sync only steps the shard.
 
 use super::sync::{GradSync, Reduced, SyncCx, weigh};
@@ -50,13 +50,29 @@ impl Sharded {
     }
 }
 
+impl Sharded {
+    /// Waits for each reduction and keeps this rank's share of it in `gshard`.
+    fn wait_place(
+        &self,
+        cx: &mut SyncCx<'_>,
+        works: impl Iterator<Item = (usize, Work<Vec<f32>>)>,
+        gshard: &mut [f32],
+    ) -> Result<(), TrainError> {
+        for (b, w) in works {
+            let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
+            let buf = w.wait()?;
+            self.place(cx, b, &buf, gshard);
+        }
+        Ok(())
+    }
+}
+
 impl GradSync for Sharded {
     fn owned(&self, pg: &ProcessGroup, buckets: &[Range<usize>], _: usize) -> Vec<Range<usize>> {
         self.reach.owned(pg, buckets)
     }
 
     fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
-        let held = &*cx.held;
         if self.stage == Stage::Parameters {
             let strategy = if self.reach == Reach::World {
                 Strategy::Zero3
@@ -69,38 +85,34 @@ impl GradSync for Sharded {
             }
             .into());
         }
-        let mut gshard = vec![0.0f32; held.owned_len()];
-        let mut at = 0;
+        let mut gshard = vec![0.0f32; cx.held.owned_len()];
         let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
-        for b in &held.buckets {
+        for (i, b) in cx.held.buckets.clone().into_iter().enumerate() {
             let flatten = cx.clock.enter(Phase::Compute, "flatten bucket");
             let mut flat = Vec::new();
-            cx.layout.flatten_grads(grads, b.clone(), &mut flat);
+            cx.layout.flatten_grads(grads, b, &mut flat);
             weigh(&mut flat, cx.sample_weight);
             drop(flatten);
-            let n = self.reach.share(cx.pg, b.len());
             let issue = cx.clock.enter(Phase::Comm, "issue reduce");
-            let w = self.reach.reduce(cx.pg, cx.wire, flat);
+            let w = self.issue(cx, flat);
             drop(issue);
-            if self.stage == Stage::OptimizerState {
-                pending.push((at, w));
-            } else {
-                // ZeRO-2: the full bucket is reduced and dropped before the next exists.
-                let wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
-                let buf = w.wait()?;
-                drop(wait);
-                self.reach.take_share(cx.pg, &buf, &mut gshard[at..at + n]);
+            pending.push((i, w));
+            // ZeRO-2: the full bucket is reduced and dropped before the next exists.
+            if self.stage == Stage::Gradients {
+                self.wait_place(cx, pending.drain(..), &mut gshard)?;
             }
-            at += n;
         }
-        for (off, w) in pending {
-            let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
-            let buf = w.wait()?;
-            let n = self.reach.share(cx.pg, buf.len());
-            self.reach
-                .take_share(cx.pg, &buf, &mut gshard[off..off + n]);
-        }
+        self.wait_place(cx, pending.drain(..), &mut gshard)?;
         Ok(gshard)
+    }
+
+    fn issue(&self, cx: &mut SyncCx<'_>, flat: Vec<f32>) -> Work<Vec<f32>> {
+        self.reach.reduce(cx.pg, cx.wire, flat)
+    }
+
+    fn place(&self, cx: &SyncCx<'_>, b: usize, buf: &[f32], grad: &mut [f32]) {
+        self.reach
+            .take_share(cx.pg, buf, &mut grad[cx.held.owned_at(b)]);
     }
 
     fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {

@@ -9,7 +9,7 @@ use crate::flat::FlatLayout;
 use crate::optim::ShardOptimizer;
 use burn::optim::GradientsParams;
 use std::ops::Range;
-use wiretrain_comm::{ProcessGroup, WireDtype};
+use wiretrain_comm::{ProcessGroup, WireDtype, Work};
 
 /// What a rank holds between steps.
 #[derive(Debug, Default)]
@@ -29,6 +29,14 @@ pub(crate) struct Held {
 impl Held {
     pub fn owned_len(&self) -> usize {
         self.owned.iter().map(|r| r.len()).sum()
+    }
+
+    /// Where bucket `b`'s owned elements sit in the concatenation of the owned ranges (the
+    /// layout of the owned gradient, the stage 1-2 master and the stage 3 shard), for
+    /// strategies that own a range of every bucket.
+    pub fn owned_at(&self, b: usize) -> Range<usize> {
+        let start: usize = self.owned[..b].iter().map(|r| r.len()).sum();
+        start..start + self.owned[b].len()
     }
 
     /// The owned elements of `params`, concatenated: the f32 master stages 1-2 keep.
@@ -67,6 +75,14 @@ pub(crate) trait GradSync: Send {
     /// Reduces this step's gradients (bucket by bucket, as they are flattened) and returns
     /// the mean gradient over this rank's owned elements, concatenated.
     fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced;
+
+    /// Starts the reduction of one bucket's flattened, weighed gradient (a unit's, in the
+    /// unit-by-unit step, which issues each as soon as the unit's backward is done).
+    fn issue(&self, cx: &mut SyncCx<'_>, flat: Vec<f32>) -> Work<Vec<f32>>;
+
+    /// Copies what this rank keeps of bucket `b`'s reduced buffer (what [`GradSync::issue`]
+    /// returned) into its place in `grad`, the owned gradient ([`Held::owned_len`] long).
+    fn place(&self, cx: &SyncCx<'_>, b: usize, buf: &[f32], grad: &mut [f32]);
 
     /// Steps the optimizer on the owned elements with `grad` (scaled by `scale`) and
     /// brings `cx.held.params` up to date.
