@@ -273,10 +273,12 @@ fn missing_or_truncated_traces_are_clear_errors() {
 
 /// Every step's metrics say how long the rank's communication thread ran collectives and
 /// which share of that was hidden behind compute: ZeRO-3's prefetched parameter gathers run
-/// while a unit computes (a real share hidden); DDP communicates after the backward pass.
+/// while a unit computes, and with overlap DDP's and ZeRO-2's unit reductions run while
+/// earlier units' backward does (a real share hidden); DDP without overlap communicates after
+/// the backward pass.
 #[test]
 fn metrics_say_how_much_communication_was_hidden() {
-    let median_hidden = |strategy: &str| {
+    let median_hidden = |strategy: &str, overlap: &str| {
         let args = common::local_train(
             "2",
             "2",
@@ -285,6 +287,8 @@ fn metrics_say_how_much_communication_was_hidden() {
                 "char-lm",
                 "--strategy",
                 strategy,
+                "--overlap",
+                overlap,
                 "--steps",
                 "8",
                 "--device",
@@ -304,9 +308,43 @@ fn metrics_say_how_much_communication_was_hidden() {
                 "{strategy}: {r}"
             );
         }
+        // `auto` overlaps here: the job spans two nodes.
+        let overlaps = strategy != "zero3" && overlap != "off";
+        assert_eq!(summary[0]["overlap"], overlaps, "{strategy} {overlap}");
         summary[0]["median"]["hidden_share"].as_f64().unwrap()
     };
-    let (zero3, ddp) = (median_hidden("zero3"), median_hidden("ddp"));
+    let zero3 = median_hidden("zero3", "auto");
+    let ddp_off = median_hidden("ddp", "off");
+    let ddp_on = median_hidden("ddp", "auto");
+    let zero2_on = median_hidden("zero2", "on");
+    eprintln!("hidden: zero3 {zero3} ddp off {ddp_off} ddp on {ddp_on} zero2 on {zero2_on}");
     assert!(zero3 > 0.1, "zero3 hides {zero3} of its communication");
-    assert!(ddp < zero3, "ddp {ddp} vs zero3 {zero3}");
+    assert!(ddp_off < zero3, "ddp {ddp_off} vs zero3 {zero3}");
+    assert!(
+        ddp_on > 0.1 && ddp_on > ddp_off,
+        "ddp overlapped {ddp_on} vs {ddp_off}"
+    );
+    assert!(zero2_on > 0.1, "zero2 overlapped hides {zero2_on}");
+}
+
+/// `--overlap` takes auto, on or off, and `on` refuses micro-batches (they accumulate their
+/// gradients before any reduction): one line naming the flag, exit 2.
+#[test]
+fn bad_overlap_settings_are_refused() {
+    for (args, needle) in [
+        (
+            vec!["train", "--overlap", "maybe"],
+            "\"maybe\" is not auto, on or off",
+        ),
+        (
+            vec!["train", "--overlap", "on", "--accumulate", "2"],
+            "--overlap on needs --accumulate 1",
+        ),
+    ] {
+        let err = common::refused(&args);
+        assert!(
+            err.contains(needle) && err.trim().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
 }

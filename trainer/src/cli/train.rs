@@ -62,6 +62,11 @@ pub struct TrainArgs {
     /// ZeRO-3: unit all-gathers in flight ahead of the computing unit (0 turns prefetch off).
     #[arg(long)]
     pub prefetch: Option<usize>,
+    /// DDP, ZeRO-1/2, hybrid: reduce each unit's gradient while the backward of the units
+    /// before it runs, recomputing unit forwards (auto: on when gradients cross nodes and
+    /// --accumulate is 1; on; off).
+    #[arg(long)]
+    pub overlap: Option<String>,
     /// Element type of gradients and parameters between nodes: f32, f16, bf16, int8 (one f32
     /// scale per 128 values). Sums accumulate in f32; masters and optimizer state stay f32.
     #[arg(long)]
@@ -327,25 +332,25 @@ type RankSetup<'a> = (
     &'a Shared,
 );
 
-/// Trains a unit model: unit by unit under ZeRO-3 (`unit_io` gives unit 0's input and the
-/// loss of the last unit's output), else whole-model steps of `--accumulate` micro-batches.
+/// Trains a unit model: unit by unit under ZeRO-3, HSDP and with overlap (`unit_io` gives unit
+/// 0's input and the loss of the last unit's output), else whole-model steps of
+/// `--accumulate` micro-batches.
 fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
     model: M,
     (device, tc, pg, sampler, sh): RankSetup<'_>,
     loss: impl Fn(&M, &[usize]) -> Tensor<1>,
     unit_io: impl Fn(&[usize]) -> (Act, L),
 ) -> Result<Option<usize>> {
-    if tc.strategy().shards_params() {
-        let trainer = Trainer::with_units(model, device, tc, pg)?;
-        let done = fit(trainer, sampler, &sh.fit, |t, idx| {
-            let (x, l) = unit_io(idx);
-            t.step_units(x, l)
-        })?;
-        return Ok(done.stopped_after);
-    }
     let micro = sh.run.accumulate;
-    let trainer = Trainer::new(model, device, tc, pg)?;
+    let trainer = Trainer::with_units(model, device, tc, pg)?;
+    // Unit by unit: ZeRO-3 and HSDP always, the others when they overlap (one micro-batch:
+    // resolve turns overlap off otherwise).
+    let by_units = trainer.config().strategy().shards_params() || trainer.overlaps_units();
     let done = fit(trainer, sampler, &sh.fit, |t, idx| {
+        if by_units {
+            let (x, l) = unit_io(idx);
+            return t.step_units(x, l);
+        }
         let per = idx.len() / micro;
         t.step_accumulate(micro, |m, i| loss(m, &idx[i * per..(i + 1) * per]))
     })?;

@@ -220,6 +220,7 @@ impl Record {
             "params_total": trainer.layout().total(),
             "largest_bucket_elems": trainer.largest_bucket(),
             "prefetch": trainer.config().prefetch(),
+            "overlap": trainer.overlaps_units(),
             "wire_dtype": trainer.config().wire().name(),
             "optimizer": trainer.optimizer_path(),
             "kernels": trainer.kernel_counters(),

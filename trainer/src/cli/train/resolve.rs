@@ -8,7 +8,7 @@ use serde::Deserialize;
 use std::path::PathBuf;
 use wiretrain::balance::Balance;
 use wiretrain::device::{DeviceSpec, parse_specs};
-use wiretrain::engine::{ConfigError, Diloco, TrainerConfig};
+use wiretrain::engine::{ConfigError, Diloco, Overlap, TrainerConfig};
 use wiretrain::fit::CheckpointPlan;
 use wiretrain::models::Example;
 use wiretrain::strategy::Strategy;
@@ -29,6 +29,7 @@ struct FileConfig {
     bucket_bytes: Option<usize>,
     accumulate: Option<usize>,
     prefetch: Option<usize>,
+    overlap: Option<String>,
     wire_dtype: Option<String>,
     fused_optimizer: Option<bool>,
     balance: Option<String>,
@@ -118,6 +119,7 @@ impl TrainArgs {
             .map_err(|e| crate::cli::usage_error(format!("--accumulate: {e}")))?;
         let (d_model, layers) = self.model_size(&file)?;
         let prefetch = self.prefetch.or(file.prefetch).unwrap_or(1);
+        let overlap = self.overlap(&file, accumulate)?;
         let wire: WireDtype = self
             .wire_dtype
             .clone()
@@ -143,6 +145,7 @@ impl TrainArgs {
             .lr(lr)
             .bucket_bytes(bucket_bytes)
             .prefetch(prefetch)
+            .overlap(overlap)
             .wire(wire)
             .fused_optimizer(!self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true))
             .diloco(diloco)
@@ -165,6 +168,26 @@ impl TrainArgs {
             plot,
             d_model,
             layers,
+        })
+    }
+
+    /// `--overlap`: `on` needs one micro-batch per step (gradients accumulate before any
+    /// reduction), so `auto` is off with more.
+    fn overlap(&self, file: &FileConfig, accumulate: usize) -> Result<Overlap> {
+        let overlap: Overlap = self
+            .overlap
+            .clone()
+            .or(file.overlap.clone())
+            .unwrap_or_else(|| "auto".into())
+            .parse()
+            .map_err(|e| crate::cli::usage_error(format!("--overlap: {e}")))?;
+        Ok(match (overlap, accumulate) {
+            (Overlap::On, 2..) => usage!(
+                "--overlap on needs --accumulate 1: micro-batches accumulate their gradients \
+                 before any reduction (use --overlap off or auto)"
+            ),
+            (Overlap::Auto, 2..) => Overlap::Off,
+            (o, _) => o,
         })
     }
 
