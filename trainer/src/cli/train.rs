@@ -63,8 +63,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub prefetch: Option<usize>,
     /// DDP, ZeRO-1/2, hybrid: reduce each unit's gradient while the backward of the units
-    /// before it runs, recomputing unit forwards (auto: on when gradients cross nodes and
-    /// --accumulate is 1; on; off).
+    /// before it runs (auto: on when gradients cross nodes and --accumulate is 1; on; off).
     #[arg(long)]
     pub overlap: Option<String>,
     /// Element type of gradients and parameters between nodes: f32, f16, bf16, int8 (one f32

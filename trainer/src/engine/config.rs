@@ -16,10 +16,11 @@ pub const MAX_PREFETCH: usize = 16;
 /// Whether a model cut into [`Units`](crate::units::Units) runs DDP, ZeRO-1/2 and hybrid steps
 /// unit by unit, so that each unit's gradient reduction is in flight while the backward of
 /// the units before it runs (as PyTorch DDP's buckets and FSDP's reduce-scatters overlap
-/// backward). The price is one more forward of every unit but the last: the forward runs
-/// without keeping the graph and each unit is recomputed for its backward, as with
-/// activation checkpointing. ZeRO-3 and HSDP always step unit by unit; models without units,
-/// and steps of several micro-batches, never overlap.
+/// backward). Nothing is recomputed: each unit keeps its own graph from the forward pass, and
+/// the units become the communication buckets. What it costs is a backward cut into one call
+/// per unit, and reductions the size of a unit rather than of a bucket. ZeRO-3 and HSDP
+/// always step unit by unit; models without units, and steps of several micro-batches, never
+/// overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Overlap {
@@ -185,8 +186,7 @@ impl TrainerConfigBuilder {
         /// device) instead of Burn's tensor ops. Same math; off for comparisons.
         fused_optimizer(on: bool);
         /// Unit models under DDP, ZeRO-1/2 and hybrid: reduce each unit's gradient while the
-        /// backward of the units before it runs, at the cost of recomputed unit forwards
-        /// ([`Overlap`]; `auto` by default).
+        /// backward of the units before it runs ([`Overlap`]; `auto` by default).
         overlap(overlap: Overlap);
         /// DiLoCo on top of DDP or hybrid (sharded inside the node): inner steps reduce inside
         /// the node only; every `inner_steps` steps the nodes average their parameter deltas (the

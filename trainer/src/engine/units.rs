@@ -2,15 +2,18 @@
 //! full only while they run, and DDP, ZeRO-1/2 and hybrid with overlap ([`Overlap`]), whose
 //! units are all there but whose gradient reductions start unit by unit during backward.
 //!
-//! Forward: under stage 3, all-gather unit u (up to `prefetch` units ahead are in flight) and
-//! write it into the module. Run the unit graph-free on the saved boundary activation (then
-//! free it, stage 3). The last unit runs with autodiff together with the loss. Backward, last
-//! unit first: re-gather (stage 3, prefetched), recompute the unit from its saved input,
-//! backpropagate the surrogate `sum(y * g)` (see [`crate::units`]), and issue the reduction of
-//! the unit's gradient at once (the strategy's: a mean all-reduce for DDP, a reduce-scatter
-//! into this rank's shard otherwise), so it travels while the next unit's backward runs. One
-//! unit's reduction is in flight at a time, bounding the gradients held to two units. Then
-//! each rank steps what it owns; under stages 0-2 it gathers as after a whole-model step.
+//! Forward: each unit runs on the previous unit's output, cut from its graph, so every unit
+//! has a graph of its own. Under stage 3, unit u is first all-gathered (up to `prefetch` units
+//! ahead are in flight) and written into the module, runs graph-free, and is freed; under
+//! stages 0-2 its graph is kept, from a leaf at its input. The last unit runs with autodiff
+//! together with the loss. Backward, last unit first: stage 3 re-gathers the unit
+//! (prefetched) and recomputes it from its saved input; then the surrogate `sum(y * g)` (see
+//! [`crate::units`]) is backpropagated through the unit's graph, and the reduction of its
+//! gradient issued at once (a mean all-reduce for DDP, a reduce-scatter into this rank's
+//! shard otherwise), so it travels while the next unit's backward runs. One unit's
+//! reduction is in flight at a time, bounding the gradients held to two units. Then each rank
+//! steps what it owns; under stages 0-2 it gathers as after a whole-model step. Only stage 3
+//! recomputes: stages 0-2 keep the activations a whole-model step keeps.
 //!
 //! HSDP is the same step with the scope of the two collectives narrowed ([`Reach`]): units are
 //! gathered inside the node only and gradients reduced with the hybrid reduction, so a rank
@@ -261,20 +264,27 @@ impl<M: Units> Trainer<M> {
     ) -> Result<(M, Forwarded), TrainError> {
         let n = p.units.len();
         let mut gathers = Gathers::new((0..n).collect());
-        let mut saved: Vec<Act> = Vec::with_capacity(n);
+        let mut saved: Vec<Saved> = Vec::with_capacity(n);
         let mut x = input;
         for u in 0..n - 1 {
             model = self.load_unit(model, p, &mut gathers, u, u + p.ahead + 1)?;
             let fwd = crate::trace::span(format!("forward unit {u}"), "compute");
-            saved.push(x.clone().detached());
-            x = model.forward_unit(u, x).detached();
+            if p.sharded {
+                saved.push(Saved::Input(x.clone().detached()));
+                x = model.forward_unit(u, x).detached();
+            } else {
+                // The unit's own graph, from a leaf at its input: its backward runs alone.
+                let leaf = x.fresh_leaf();
+                let out = model.forward_unit(u, leaf.clone());
+                x = out.clone().detached();
+                saved.push(Saved::Graph { leaf, out });
+            }
             drop(fwd);
             model = self.unload_unit(model, p, u);
         }
         model = self.load_unit(model, p, &mut gathers, n - 1, n)?;
         let _fwd = crate::trace::span(format!("forward unit {}", n - 1), "compute");
         let last_leaf = x.fresh_leaf();
-        saved.push(x);
         let loss = loss_fn(model.forward_unit(n - 1, last_leaf.clone()));
         let value = loss.clone().into_scalar::<f32>();
         let fw = Forwarded {
@@ -287,7 +297,7 @@ impl<M: Units> Trainer<M> {
     }
 
     /// The backward pass, last unit first: each unit loaded again (stage 3: up to `ahead` in
-    /// advance, in reverse order), its forward recomputed on the saved input and backed
+    /// advance, in reverse order) and recomputed on its saved input, then backed
     /// through, its gradient flattened and its reduction issued (one unit's reduction in
     /// flight while the next computes). Returns this rank's owned gradient.
     fn backward_units(
@@ -311,10 +321,18 @@ impl<M: Units> Trainer<M> {
         let mut grads = Some(grads);
         for u in (0..n).rev() {
             if u + 1 < n {
-                model = self.load_unit(model, p, &mut gathers, u, n - 1 - u + p.ahead)?;
+                let (leaf, y) = match saved.pop().expect("a saved entry per unit") {
+                    Saved::Graph { leaf, out } => (leaf, out),
+                    Saved::Input(x) => {
+                        let ahead = n - 1 - u + p.ahead;
+                        model = self.load_unit(model, p, &mut gathers, u, ahead)?;
+                        let _r = crate::trace::span(format!("recompute unit {u}"), "compute");
+                        let leaf = x.fresh_leaf();
+                        let y = model.forward_unit(u, leaf.clone());
+                        (leaf, y)
+                    }
+                };
                 let _s = crate::trace::span(format!("backward unit {u}"), "compute");
-                let leaf = saved[u].fresh_leaf();
-                let y = model.forward_unit(u, leaf.clone());
                 let gin = g.take().ok_or(ConfigError::NoInputGradient(u + 1))?;
                 let s = y.surrogate(&gin).ok_or(ConfigError::UnitOutput(u))?;
                 let unit_grads = s.backward();
@@ -325,7 +343,6 @@ impl<M: Units> Trainer<M> {
                 // gradient is flattened.
                 self.issue_gathers(p, &mut gathers, p.ahead);
             }
-            saved.truncate(u);
             let sf = crate::trace::span(format!("flatten unit {u}"), "compute");
             let mut gp = GradientsParams::from_grads(grads.take().expect("a backward ran"), &model);
             let mut flat = Vec::new();
@@ -392,10 +409,18 @@ struct Pass<'a> {
     clock: &'a StepClock,
 }
 
-/// The forward pass's result: every unit's input (detached), the last unit's input leaf, the
-/// loss, and the last unit's gradients.
+/// What the backward pass needs of a unit (but the last) from the forward pass.
+enum Saved {
+    /// Stage 3: the unit's input, detached; the backward recomputes the unit from it.
+    Input(Act),
+    /// Stages 0-2: the unit's graph, from the leaf at its input to its output.
+    Graph { leaf: Act, out: Act },
+}
+
+/// The forward pass's result: what the backward needs of each unit but the last, the last
+/// unit's input leaf, the loss, and the last unit's gradients.
 struct Forwarded {
-    saved: Vec<Act>,
+    saved: Vec<Saved>,
     last_leaf: Act,
     loss: f32,
     grads: Gradients,

@@ -99,8 +99,8 @@ fn zero3_matches_single_rank_training_with_and_without_prefetch() {
 }
 
 /// Every strategy that otherwise steps the whole model gives the same parameters and losses
-/// with its reductions overlapped unit by unit as without (the units become the buckets; the
-/// unit forwards are recomputed).
+/// with its reductions overlapped unit by unit as without (the units become the buckets; each
+/// unit keeps a graph of its own).
 #[test]
 fn overlapped_reductions_match_whole_model_steps_for_every_strategy() {
     let one = run(Strategy::Ddp, 1, 1, Overlap::Off, 6);
