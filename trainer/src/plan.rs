@@ -27,12 +27,16 @@
 //! - **Compute**: 6·Ψ FLOPs per token (8·Ψ with recomputation) at the device's achieved TFLOP/s.
 //!   ZeRO-3 and HSDP always recompute: wiretrain runs them unit by unit, recomputing each
 //!   unit's forward in the backward pass (their activations are counted recomputed too).
-//! - **Overlap**: `step = compute + max((1 − overlap)·comm, comm − compute)`; the default overlap
-//!   0 is wiretrain today for DDP/ZeRO-1/2 (communication after the backward pass), 1 would be
-//!   perfect overlap. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`) also hides its
-//!   two parameter all-gathers (2/3 of its communication) behind compute:
-//!   `exposed = max((1 − overlap)·comm/3 + max(0, 2·comm/3 − compute), comm − compute)`;
-//!   HSDP the same with its gathers, 2/3 of its intra-node time.
+//! - **Overlap**, as wiretrain runs it: `step = compute + max(exposed, comm − compute)`. A
+//!   strategy that runs unit by unit issues each unit's gradient reduction as soon as the
+//!   unit's backward is done, hiding the reductions behind the backward pass (2/3 of compute,
+//!   3/4 with recomputation): ZeRO-3 and HSDP always, DDP, ZeRO-1/2 and hybrid with
+//!   `--overlap` (on by default across nodes). The reduction is all of DDP's communication,
+//!   half of ZeRO-1/2's (the gather after the update waits), hybrid's and HSDP's across nodes
+//!   plus their share inside the node. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`)
+//!   also hides its two parameter all-gathers (2/3 of its communication, of its intra-node
+//!   time for HSDP) behind compute. So `exposed = max(0, gathers − compute) + max(0,
+//!   reductions − backward) + the rest`. DiLoCo's rows overlap nothing.
 //! - **Rank order**: the above is wiretrain's node-major order (ring neighbours inside the
 //!   node). `--rank-order scrambled` models a flat ring over all N devices in which every
 //!   neighbour sits on another node (what a careless host list gives): each collective moves
@@ -91,8 +95,9 @@ pub struct PlanInput {
     pub intra: Link,
     pub inter: Link,
     pub recompute: bool,
-    /// Fraction of communication hidden behind compute (0..=1).
-    pub overlap: f64,
+    /// DDP, ZeRO-1/2 and hybrid reduce each unit's gradient during backward (wiretrain's
+    /// `--overlap`; ZeRO-3 and HSDP always do).
+    pub overlap: bool,
     /// ZeRO-3 prefetches the next unit's parameters while a unit computes, hiding its
     /// all-gathers behind compute.
     pub prefetch: bool,
@@ -192,9 +197,6 @@ impl PlanInput {
                 "--global-batch {} must be a positive multiple of devices ({n}) x --micro-batch ({})",
                 self.global_batch, self.micro_batch
             ));
-        }
-        if !(0.0..=1.0).contains(&self.overlap) {
-            return Err(format!("--overlap {} is outside 0..=1", self.overlap));
         }
         if self.intra.latency_s < 0.0 || self.inter.latency_s < 0.0 {
             return Err("link latencies cannot be negative".into());
@@ -356,6 +358,35 @@ impl PlanInput {
         per_token * tokens / self.devices() / (self.tflops * 1e12)
     }
 
+    /// Seconds of `c` (`st`'s communication) the step waits for: the parameter gathers
+    /// (stage 3, prefetched) hide behind compute and the gradient reductions (when `st` runs
+    /// unit by unit) behind the backward pass; the rest is exposed.
+    pub fn exposed(&self, st: Strategy, c: &Comm, compute_s: f64) -> f64 {
+        let comm_s = c.seconds();
+        // With prefetch, stage 3 gathers the next unit's parameters while a unit computes:
+        // the two gathers of three collectives (over the world, or inside the node for HSDP).
+        let gathers = match (self.prefetch, st.stage(), st.scope()) {
+            (true, Stage::Parameters, Scope::World) => 2.0 * comm_s / 3.0,
+            (true, Stage::Parameters, Scope::Node) => 2.0 * c.intra_s / 3.0,
+            _ => 0.0,
+        };
+        let reductions = if st.shards_params() || self.overlap {
+            match st {
+                Strategy::Ddp => comm_s,
+                Strategy::Zero1 | Strategy::Zero2 => comm_s / 2.0,
+                Strategy::Hybrid => c.inter_s + c.intra_s / 2.0,
+                Strategy::Zero3 => comm_s / 3.0,
+                Strategy::Hsdp => c.inter_s + c.intra_s / 3.0,
+            }
+        } else {
+            0.0
+        };
+        let backward = compute_s * if self.recomputes(st) { 0.75 } else { 2.0 / 3.0 };
+        (gathers - compute_s).max(0.0)
+            + (reductions - backward).max(0.0)
+            + (comm_s - gathers - reductions)
+    }
+
     /// The plan of one row: memory, communication, and the step it predicts.
     fn plan_row(&self, st: Strategy, diloco: Option<u64>) -> StrategyPlan {
         let tokens = (self.global_batch * self.seq) as f64;
@@ -372,14 +403,10 @@ impl PlanInput {
         };
         let bytes = p + g + o + act;
         let comm_s = c.seconds();
-        // With prefetch, stage 3 gathers the next unit's parameters while a unit computes:
-        // the two gathers of three collectives (over the world, or inside the node for HSDP).
-        let gathers = match (self.prefetch && diloco.is_none(), st.stage(), st.scope()) {
-            (true, Stage::Parameters, Scope::World) => 2.0 * comm_s / 3.0,
-            (true, Stage::Parameters, Scope::Node) => 2.0 * c.intra_s / 3.0,
-            _ => 0.0,
+        let exposed = match diloco {
+            Some(_) => comm_s,
+            None => self.exposed(st, &c, compute_s),
         };
-        let exposed = (1.0 - self.overlap) * (comm_s - gathers) + (gathers - compute_s).max(0.0);
         let step_s = compute_s + exposed.max(comm_s - compute_s).max(0.0);
         let name = match (diloco, st) {
             (None, st) => st.to_string(),

@@ -66,9 +66,10 @@ pub struct PlanArgs {
     /// Activations recomputed in backward (8Ψ FLOPs per token, 2·s·b·h bytes per layer kept).
     #[arg(long)]
     pub recompute: bool,
-    /// Fraction of communication hidden behind compute, 0..=1 (0: wiretrain today).
-    #[arg(long, default_value_t = 0.0)]
-    pub overlap: f64,
+    /// DDP, ZeRO-1/2, hybrid: gradient reductions overlap backward unit by unit, as `train
+    /// --overlap` runs them (auto: on across nodes; on; off). ZeRO-3 and HSDP always do.
+    #[arg(long, default_value = "auto")]
+    pub overlap: String,
     /// ZeRO-3 without prefetch (its all-gathers then wait in line with compute).
     #[arg(long)]
     pub no_prefetch: bool,
@@ -233,7 +234,11 @@ impl PlanArgs {
             intra: link(&self.intra, self.intra_gbps, self.intra_latency_us, "intra")?,
             inter: link(&self.inter, self.inter_gbps, self.inter_latency_us, "inter")?,
             recompute: self.recompute,
-            overlap: self.overlap,
+            overlap: match self.overlap.parse::<wiretrain::engine::Overlap>() {
+                Ok(wiretrain::engine::Overlap::Auto) => self.nodes > 1,
+                Ok(o) => o == wiretrain::engine::Overlap::On,
+                Err(e) => crate::cli::usage!("--overlap: {e}"),
+            },
             prefetch: !self.no_prefetch,
             rank_order: self
                 .rank_order
@@ -384,8 +389,8 @@ pub fn interconnects_table(json: bool) -> String {
     if !json {
         out.push_str(
             "# 70B parameters, 2 nodes x 8 GPUs of 80 GB, 400 TFLOP/s achieved each, mixed precision\n\
-             # (K = 12), bf16 on the wire, activations recomputed, 64 x 2048 tokens per step; no overlap\n\
-             # except ZeRO-3 and HSDP prefetching their all-gathers behind compute.\n\
+             # (K = 12), bf16 on the wire, activations recomputed, 64 x 2048 tokens per step; gradient\n\
+             # reductions overlap backward unit by unit, ZeRO-3 and HSDP prefetch their all-gathers.\n\
              # tokens/s per strategy, or \"no fit\" (GB per device needed)\n",
         );
         out.push_str(&format!(
@@ -415,7 +420,7 @@ pub fn interconnects_table(json: bool) -> String {
             intra: Link::preset(intra).expect("preset"),
             inter: Link::preset(inter).expect("preset"),
             recompute: true,
-            overlap: 0.0,
+            overlap: true,
             prefetch: true,
             rank_order: Default::default(),
             diloco: None,
