@@ -76,12 +76,14 @@ print(",".join(str(x) for x in [rate, st, nodes, s["params_total"], md["step_ms"
 PY
 )
     IFS=, read -r _ _ _ params step _ <<<"$row"
-    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$seq" "$st" "$tflops" "$gbps" "$lat" <<'PY'
+    units=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get("units_effective") or 1)' "$tmp/m.jsonl")
+    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$seq" "$st" "$tflops" "$gbps" "$lat" "$units" <<'PY'
 import json, subprocess, sys
 b, params, nodes, batch, seq, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
-tflops, gbps, lat = sys.argv[7:10]
-# (The planner charges ZeRO-3 and HSDP their recomputed unit forwards itself: 8 psi per token.)
-extra = []
+tflops, gbps, lat, units = sys.argv[7:11]
+# (The planner charges ZeRO-3 and HSDP their recomputed unit forwards itself: 8 psi per token;
+# the model's effective unit count, a fact of its structure, tells it how reductions overlap.)
+extra = ["--units", units]
 out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
     "--seq", seq, "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
     "--wire", "f32", "--tflops", tflops, "--inter-gbps", gbps, "--inter-latency-us", lat,

@@ -29,6 +29,7 @@ mod config;
 mod units;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
+pub use units::effective_units;
 
 /// Bytes a rank holds for model states (host copies included), as the ZeRO paper counts them.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
@@ -91,6 +92,8 @@ pub struct Trainer<M: Module> {
     /// Stages 0-2 on a unit model with overlap on: the buckets are the units and
     /// `step_units` reduces each unit's gradient while earlier units' backward runs.
     unit_overlap: bool,
+    /// A unit model's effective unit count (see `units::effective_units`).
+    units_effective: Option<f64>,
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
@@ -173,6 +176,7 @@ impl<M: Module> Trainer<M> {
             held,
             sync,
             unit_overlap,
+            units_effective: None,
             opt,
             memory,
             stop: None,
@@ -267,6 +271,12 @@ impl<M: Module> Trainer<M> {
     /// [`Trainer::with_units`]). ZeRO-3 and HSDP always step unit by unit.
     pub fn overlaps_units(&self) -> bool {
         self.unit_overlap
+    }
+
+    /// The model's units as the planner counts them ([`effective_units`]): `None` for a
+    /// trainer built without units ([`Trainer::new`]).
+    pub fn units_effective(&self) -> Option<f64> {
+        self.units_effective
     }
 
     /// Elements of the largest communication unit: a bucket, or under ZeRO-3 a unit.

@@ -35,6 +35,7 @@
 
 pub use wiretrain_comm as comm;
 
+pub mod auto;
 pub mod balance;
 pub mod checkpoint;
 mod clock;

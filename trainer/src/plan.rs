@@ -35,8 +35,11 @@
 //!   half of ZeRO-1/2's (the gather after the update waits), hybrid's and HSDP's across nodes
 //!   plus their share inside the node. ZeRO-3 with prefetch (wiretrain's default `--prefetch 1`)
 //!   also hides its two parameter all-gathers (2/3 of its communication, of its intra-node
-//!   time for HSDP) behind compute. So `exposed = max(0, gathers − compute) + max(0,
-//!   reductions − backward) + the rest`. DiLoCo's rows overlap nothing.
+//!   time for HSDP) behind compute. With n (effective) units, a unit's reduction starts when
+//!   its backward ends, so the last one always waits and, when the reductions outlast the
+//!   backward, they run back to back from the end of the first unit's backward:
+//!   `exposed = max(0, gathers − compute) + max(R/n, R − backward·(n−1)/n) + the rest`, R the
+//!   reductions. DiLoCo's rows overlap nothing.
 //! - **Rank order**: the above is wiretrain's node-major order (ring neighbours inside the
 //!   node). `--rank-order scrambled` models a flat ring over all N devices in which every
 //!   neighbour sits on another node (what a careless host list gives): each collective moves
@@ -102,6 +105,11 @@ pub struct PlanInput {
     /// all-gathers behind compute.
     pub prefetch: bool,
     pub rank_order: RankOrder,
+    /// The model is cut into units (`wiretrain::units::Units`), this many effective ones
+    /// (`(Σ size)² / Σ size²`, as many equal units as overlap the same way: see
+    /// `wiretrain::engine::effective_units`); `None`: not cut, so ZeRO-3 and HSDP cannot run it
+    /// and are never recommended, and nothing overlaps unit by unit.
+    pub units: Option<f64>,
     /// DiLoCo rows to add, when given.
     pub diloco: Option<DilocoPlan>,
 }
@@ -381,10 +389,13 @@ impl PlanInput {
         } else {
             0.0
         };
+        // n equal units: unit k's reduction starts when its backward ends, so the last one
+        // (unit 0's) always waits after the backward pass, and when the reductions outlast
+        // the backward they run back to back from the end of the first unit's backward.
         let backward = compute_s * if self.recomputes(st) { 0.75 } else { 2.0 / 3.0 };
-        (gathers - compute_s).max(0.0)
-            + (reductions - backward).max(0.0)
-            + (comm_s - gathers - reductions)
+        let n = self.units.unwrap_or(1.0).max(1.0);
+        let reductions_exposed = (reductions / n).max(reductions - backward * (n - 1.0) / n);
+        (gathers - compute_s).max(0.0) + reductions_exposed + (comm_s - gathers - reductions)
     }
 
     /// The plan of one row: memory, communication, and the step it predicts.
@@ -444,7 +455,9 @@ impl PlanInput {
             .map(|(st, d)| self.plan_row(st, d))
             .collect();
         let allowed = self.diloco.is_some_and(|d| d.allowed);
-        let eligible = |p: &StrategyPlan| p.fits && (p.exact || allowed);
+        let eligible = |p: &StrategyPlan| {
+            p.fits && (p.exact || allowed) && (self.units.is_some() || !p.strategy.shards_params())
+        };
         let best = out
             .iter()
             .filter(|p| eligible(p))

@@ -70,6 +70,10 @@ pub struct PlanArgs {
     /// --overlap` runs them (auto: on across nodes; on; off). ZeRO-3 and HSDP always do.
     #[arg(long, default_value = "auto")]
     pub overlap: String,
+    /// Effective units the model is cut into ((Σ size)² / Σ size²; a transformer's layers
+    /// plus 2 by default with a shape, else 1: one unit overlaps nothing).
+    #[arg(long)]
+    pub units: Option<f64>,
     /// ZeRO-3 without prefetch (its all-gathers then wait in line with compute).
     #[arg(long)]
     pub no_prefetch: bool,
@@ -244,6 +248,12 @@ impl PlanArgs {
                 .rank_order
                 .parse()
                 .map_err(|e| crate::cli::usage_error(format!("--rank-order: {e}")))?,
+            units: Some(match (self.units, shape) {
+                (Some(u), _) if u.is_finite() && u >= 1.0 => u,
+                (Some(u), _) => usage!("--units: {u} is not a number of units (at least 1)"),
+                (None, Some(sh)) => sh.layers as f64 + 2.0,
+                (None, None) => 1.0,
+            }),
             diloco: self.diloco.map(|inner_steps| DilocoPlan {
                 inner_steps,
                 allowed,
@@ -333,7 +343,7 @@ fn print_table(input: &PlanInput, plans: &[wiretrain::plan::StrategyPlan]) {
 
 /// `--allow`'s list: whether it allows DiLoCo (the only strategy that changes the
 /// optimization); anything else is refused.
-fn allowed(list: Option<&str>) -> Result<bool> {
+pub(crate) fn allowed(list: Option<&str>) -> Result<bool> {
     let mut diloco = false;
     for s in list.unwrap_or_default().split(',').map(str::trim) {
         match s {
@@ -423,6 +433,7 @@ pub fn interconnects_table(json: bool) -> String {
             overlap: true,
             prefetch: true,
             rank_order: Default::default(),
+            units: Some(82.0),
             diloco: None,
         };
         let plans = input.plan();

@@ -24,9 +24,13 @@ pub struct TrainArgs {
     #[arg(long)]
     pub example: Option<String>,
     /// Parallel strategy: ddp, zero1, zero2, zero3 (alias fsdp), hybrid, hsdp, diloco (DDP
-    /// inside each node, nodes averaging parameter deltas every --inner-steps steps).
+    /// inside each node, nodes averaging parameter deltas every --inner-steps steps), or auto
+    /// (measure the wiring at start and train with the fastest the planner finds).
     #[arg(long)]
     pub strategy: Option<String>,
+    /// --strategy auto: strategies that change the optimization it may pick (diloco).
+    #[arg(long)]
+    pub allow: Option<String>,
     /// Optimizer steps.
     #[arg(long)]
     pub steps: Option<usize>,
@@ -141,6 +145,7 @@ pub struct TrainArgs {
     pub node: NodeArgs,
 }
 
+mod auto;
 mod resolve;
 
 use resolve::Run;
@@ -336,16 +341,38 @@ type RankSetup<'a> = (
 /// `--accumulate` micro-batches.
 fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
     model: M,
-    (device, tc, pg, sampler, sh): RankSetup<'_>,
+    (device, tc, mut pg, sampler, sh): RankSetup<'_>,
     loss: impl Fn(&M, &[usize]) -> Tensor<1>,
     unit_io: impl Fn(&[usize]) -> (Act, L),
 ) -> Result<Option<usize>> {
     let micro = sh.run.accumulate;
+    let mut fit_opts = sh.fit.clone();
+    let tc = match &sh.run.auto {
+        None => tc,
+        Some(a) => {
+            let cx = auto::AutoCx {
+                auto: a,
+                device,
+                spec: sh.run.device.get(pg.local_rank()).or(sh.run.device.first()),
+                seq: match sh.run.example {
+                    Example::CharLm => CHAR_SEQ,
+                    Example::Mlp => 1,
+                },
+                global_batch: sh.run.global_batch,
+                accumulate: micro,
+            };
+            let (tc, pick) = auto::pick(&model, &tc, &mut pg, &sampler, &loss, &cx)?;
+            if let Some(m) = fit_opts.meta.as_object_mut() {
+                m.insert("auto".into(), serde_json::to_value(&pick)?);
+            }
+            tc
+        }
+    };
     let trainer = Trainer::with_units(model, device, tc, pg)?;
     // Unit by unit: ZeRO-3 and HSDP always, the others when they overlap (one micro-batch:
     // resolve turns overlap off otherwise).
     let by_units = trainer.config().strategy().shards_params() || trainer.overlaps_units();
-    let done = fit(trainer, sampler, &sh.fit, |t, idx| {
+    let done = fit(trainer, sampler, &fit_opts, |t, idx| {
         if by_units {
             let (x, l) = unit_io(idx);
             return t.step_units(x, l);

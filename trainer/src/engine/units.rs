@@ -78,6 +78,17 @@ pub(super) fn unit_ranges<M: Units>(
         .collect())
 }
 
+/// The effective number of units for the planner: `(Σ size)² / Σ size²` over the units'
+/// parameter counts, as many equal units as overlap the way these do (2.1 for two big blocks
+/// and two small ends; 1 for one unit holding everything).
+pub fn effective_units(ranges: &[Range<usize>]) -> f64 {
+    let (sum, sq) = ranges.iter().fold((0.0f64, 0.0f64), |(s, q), r| {
+        let n = r.len() as f64;
+        (s + n, q + n * n)
+    });
+    if sq > 0.0 { sum * sum / sq } else { 1.0 }
+}
+
 /// Writes `values` (the unit's full flat parameters) into the module, or, with `None`, frees
 /// the unit: each parameter becomes a one-element placeholder (same id, same rank).
 fn set_unit<M: Module>(
@@ -152,15 +163,25 @@ impl<M: Units> Trainer<M> {
     ) -> Result<Self, TrainError> {
         let layout = FlatLayout::of(&model);
         let units = unit_ranges(&model, &layout)?;
+        let effective = effective_units(&units);
         let overlap = match cfg.overlap {
             Overlap::On => true,
             Overlap::Off => false,
             Overlap::Auto => pg.table().nodes().len() > 1 && cfg.diloco.is_none(),
         };
-        if !cfg.strategy.shards_params() && !overlap {
-            return Self::build(model, device, cfg, pg, None);
-        }
-        Self::build(model, device, cfg, pg, Some((units, layout)))
+        let mut t = if !cfg.strategy.shards_params() && !overlap {
+            Self::build(model, device, cfg, pg, None)?
+        } else {
+            Self::build(model, device, cfg, pg, Some((units, layout)))?
+        };
+        t.units_effective = Some(effective);
+        Ok(t)
+    }
+
+    /// [`effective_units`] of a unit model (before building a trainer, e.g. to plan).
+    pub fn effective_units_of(model: &M) -> Result<f64, TrainError> {
+        let layout = FlatLayout::of(model);
+        Ok(effective_units(&unit_ranges(model, &layout)?))
     }
 
     /// One step of a unit model: `input` goes to unit 0, `loss_fn` turns the last unit's

@@ -221,6 +221,7 @@ impl Record {
             "largest_bucket_elems": trainer.largest_bucket(),
             "prefetch": trainer.config().prefetch(),
             "overlap": trainer.overlaps_units(),
+            "units_effective": trainer.units_effective(),
             "wire_dtype": trainer.config().wire().name(),
             "optimizer": trainer.optimizer_path(),
             "kernels": trainer.kernel_counters(),

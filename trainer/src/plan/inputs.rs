@@ -80,6 +80,18 @@ pub enum WireDtype {
     Int8,
 }
 
+impl From<wiretrain_comm::WireDtype> for WireDtype {
+    /// The planner's view of what a trainer puts on the wire.
+    fn from(w: wiretrain_comm::WireDtype) -> Self {
+        match w {
+            wiretrain_comm::WireDtype::F32 => Self::F32,
+            wiretrain_comm::WireDtype::F16 => Self::F16,
+            wiretrain_comm::WireDtype::Bf16 => Self::Bf16,
+            wiretrain_comm::WireDtype::Int8 => Self::Int8,
+        }
+    }
+}
+
 impl WireDtype {
     /// Bytes per element, int8 with one f32 scale per 128-element block.
     pub fn bytes(self) -> f64 {

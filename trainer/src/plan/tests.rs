@@ -2,6 +2,12 @@
 
 use super::*;
 
+/// What the planner charges of `r` seconds of reductions issued unit by unit over `n` equal
+/// units during a backward pass of `bwd` seconds.
+fn red_exposed(r: f64, bwd: f64, n: f64) -> f64 {
+    (r / n).max(r - bwd * (n - 1.0) / n)
+}
+
 fn zero_paper() -> PlanInput {
     PlanInput {
         params: 7.5e9,
@@ -21,6 +27,7 @@ fn zero_paper() -> PlanInput {
         overlap: false,
         prefetch: false,
         rank_order: RankOrder::NodeMajor,
+        units: Some(12.0),
         diloco: None,
     }
 }
@@ -153,25 +160,27 @@ fn zero3_prefetch_hides_its_gathers_up_to_the_compute_time() {
     assert!((pre.step_s - pre.comm_s).abs() < 1e-12);
     // Compute-bound (slower devices): the gathers hide behind compute and the
     // reduce-scatters, issued unit by unit, behind the backward pass (3/4 of compute, which
-    // recomputes): nothing is exposed.
+    // recomputes) but the last unit's.
     p.tflops = 5.0;
     let pre = z3(&p);
     assert!(pre.compute_s >= pre.comm_s);
-    assert!((pre.step_s - pre.compute_s).abs() < 1e-9, "{pre:?}");
+    let want = pre.compute_s + pre.comm_s / 3.0 / 12.0;
+    assert!((pre.step_s - want).abs() < 1e-9, "{pre:?} vs {want}");
     // Without prefetch the gathers wait in line; the reduce-scatters still hide.
     for tflops in [400.0, 100.0, 5.0] {
         p.tflops = tflops;
         p.prefetch = false;
         let z = z3(&p);
         let (c, t) = (z.comm_s, z.compute_s);
-        let exposed = 2.0 * c / 3.0 + (c / 3.0 - 0.75 * t).max(0.0);
+        let exposed = 2.0 * c / 3.0 + red_exposed(c / 3.0, 0.75 * t, 12.0);
         let want = t + exposed.max(c - t).max(0.0);
         assert!((z.step_s - want).abs() < 1e-9, "{tflops}: {z:?} vs {want}");
     }
 }
 
 /// With `--overlap`, DDP, ZeRO-1/2 and hybrid hide their gradient reductions behind the
-/// backward pass (2/3 of compute), not the gathers after the update; DiLoCo overlaps nothing.
+/// backward pass (2/3 of compute) but the last unit's, not the gathers after the update;
+/// DiLoCo overlaps nothing. One unit overlaps nothing; a model without units runs no ZeRO-3.
 #[test]
 fn unit_overlap_hides_reductions_up_to_the_backward_time() {
     let mut p = zero_paper();
@@ -193,16 +202,17 @@ fn unit_overlap_hides_reductions_up_to_the_backward_time() {
             let (c, bwd) = (o.comm_s, 2.0 * o.compute_s / 3.0);
             // Without overlap every byte waits: compute + comm.
             assert!((o.step_s - (o.compute_s + c)).abs() < 1e-9, "{o:?}");
-            let hidden = match o.name.as_str() {
-                "ddp" => c.min(bwd),
-                "zero2" => (c / 2.0).min(bwd),
+            let red = match o.name.as_str() {
+                "ddp" => c,
+                "zero2" => c / 2.0,
                 "hybrid" => {
                     let p_c = p.comm(Strategy::Hybrid);
-                    (p_c.inter_s + p_c.intra_s / 2.0).min(bwd)
+                    p_c.inter_s + p_c.intra_s / 2.0
                 }
                 _ => 0.0,
             };
-            let want = o.compute_s + (c - hidden).max(c - o.compute_s).max(0.0);
+            let exposed = c - red + red_exposed(red, bwd, 12.0);
+            let want = o.compute_s + exposed.max(c - o.compute_s).max(0.0);
             assert!(
                 (on.step_s - want).abs() < 1e-9,
                 "{tflops}: {on:?} vs {want}"
@@ -212,6 +222,20 @@ fn unit_overlap_hides_reductions_up_to_the_backward_time() {
             }
         }
     }
+    p.units = Some(1.0);
+    p.overlap = true;
+    let one = row(&p, "ddp");
+    assert!(
+        (one.step_s - (one.compute_s + one.comm_s)).abs() < 1e-9,
+        "{one:?}"
+    );
+    p.units = None;
+    p.device_mem = 1e10; // only ZeRO-3 and HSDP fit
+    let plans = p.plan();
+    assert!(
+        plans.iter().all(|x| !x.recommended),
+        "no units: nothing to run"
+    );
 }
 
 #[test]
@@ -318,10 +342,11 @@ fn hsdp_prefetch_hides_its_node_gathers() {
     assert!(pre.compute_s > 2.0 * c.intra_s / 3.0);
     // The reductions (the all-reduce across nodes, a third of the node time) hide behind
     // the backward pass, 3/4 of compute (it recomputes), as far as it lasts.
-    let hidden_red = (c.inter_s + c.intra_s / 3.0).min(0.75 * pre.compute_s);
-    let want = pre.compute_s + c.seconds() - 2.0 * c.intra_s / 3.0 - hidden_red;
+    let red = c.inter_s + c.intra_s / 3.0;
+    let red_wait = red_exposed(red, 0.75 * pre.compute_s, 12.0);
+    let want = pre.compute_s + c.seconds() - 2.0 * c.intra_s / 3.0 - red + red_wait;
     assert!((pre.step_s - want).abs() < 1e-9, "{} vs {want}", pre.step_s);
-    let want = plain.compute_s + c.seconds() - hidden_red;
+    let want = plain.compute_s + c.seconds() - red + red_wait;
     assert!(
         (plain.step_s - want).abs() < 1e-9,
         "{} vs {want}",

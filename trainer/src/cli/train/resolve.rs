@@ -36,6 +36,7 @@ struct FileConfig {
     shares: Option<String>,
     inner_steps: Option<usize>,
     inner_strategy: Option<String>,
+    allow: Option<String>,
     outer_lr: Option<f32>,
     outer_momentum: Option<f32>,
     plot: Option<PathBuf>,
@@ -65,12 +66,24 @@ pub(super) struct Run {
     pub(super) d_model: usize,
     pub(super) layers: usize,
     pub(super) checkpoint: Option<CheckpointPlan>,
+    /// `--strategy auto`: the strategy is measured and planned at start (`trainer` holds the
+    /// other settings).
+    pub(super) auto: Option<AutoRun>,
+}
+
+/// `--strategy auto`'s settings.
+#[derive(Debug, Clone)]
+pub(super) struct AutoRun {
+    /// `--allow diloco`: DiLoCo may be picked, with these inner steps (`--inner-steps`).
+    pub(super) allow_diloco: Option<u64>,
 }
 
 impl Run {
     /// The strategy as the user named it (diloco runs on top of ddp).
     pub(super) fn strategy_name(&self) -> String {
-        if self.trainer.diloco().is_some() {
+        if self.auto.is_some() {
+            "auto".into()
+        } else if self.trainer.diloco().is_some() {
             "diloco".into()
         } else {
             self.trainer.strategy().to_string()
@@ -102,7 +115,11 @@ impl TrainArgs {
             .unwrap_or_else(|| "mlp".into())
             .parse()
             .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
-        let (strategy, diloco) = self.strategy(&file)?;
+        let auto = self.auto(&file)?;
+        let (strategy, diloco) = match auto {
+            Some(_) => (Strategy::Ddp, None),
+            None => self.strategy(&file)?,
+        };
         let device = self.device(&file)?;
         let share_device = self.share_device || file.share_device.unwrap_or(false);
         let lr = self.lr.or(file.lr).unwrap_or(example.default_lr());
@@ -168,7 +185,42 @@ impl TrainArgs {
             plot,
             d_model,
             layers,
+            auto,
         })
+    }
+
+    /// `--strategy auto` and `--allow`: what the planner may pick. Fixed shares are refused
+    /// (the plan is for equal ones), and so is `--allow` without auto.
+    fn auto(&self, file: &FileConfig) -> Result<Option<AutoRun>> {
+        let strategy = self.strategy.clone().or(file.strategy.clone());
+        let allow = self.allow.clone().or(file.allow.clone());
+        if strategy.as_deref() != Some("auto") {
+            if allow.is_some() {
+                usage!("--allow belongs to --strategy auto (what the planner may pick)");
+            }
+            return Ok(None);
+        }
+        if self.shares.is_some() || file.shares.is_some() {
+            usage!(
+                "--strategy auto plans equal shares of the batch; it cannot go with --shares \
+                 (name a strategy, or drop --shares)"
+            );
+        }
+        let diloco = crate::cli::plan::allowed(allow.as_deref())?;
+        let inner = self.inner_steps.or(file.inner_steps);
+        if self.inner_strategy.is_some()
+            || self.outer_lr.is_some()
+            || self.outer_momentum.is_some()
+            || (inner.is_some() && !diloco)
+        {
+            usage!(
+                "--strategy auto sets DiLoCo's inner strategy itself; --inner-steps goes with \
+                 --allow diloco, --outer-lr and --outer-momentum with --strategy diloco"
+            );
+        }
+        Ok(Some(AutoRun {
+            allow_diloco: diloco.then(|| inner.unwrap_or(Diloco::default().inner_steps) as u64),
+        }))
     }
 
     /// `--overlap`: `on` needs one micro-batch per step (gradients accumulate before any

@@ -1,0 +1,136 @@
+//! `train --strategy auto`: the binary's use of [`wiretrain::auto`] on the example it trains:
+//! this rank's compute step on its own batch, the wiring, the plan; rank 0 prints the table and
+//! the pick, and the metrics summary records them (`auto`).
+
+use super::resolve::AutoRun;
+use anyhow::{Context, Result};
+use burn::tensor::{Device, Tensor};
+use std::time::Instant;
+use wiretrain::auto::{Pick, Workload, choose, measure, measure_compute};
+use wiretrain::data::DistributedSampler;
+use wiretrain::device::DeviceSpec;
+use wiretrain::engine::{Trainer, TrainerConfig};
+use wiretrain::units::Units;
+use wiretrain_comm::ProcessGroup;
+
+/// Timed steps of the compute measurement (after one warm-up).
+const COMPUTE_STEPS: usize = 2;
+
+/// What `--strategy auto` needs besides the model.
+pub(super) struct AutoCx<'a> {
+    pub auto: &'a AutoRun,
+    pub device: &'a Device,
+    pub spec: Option<&'a DeviceSpec>,
+    pub seq: usize,
+    pub global_batch: usize,
+    pub accumulate: usize,
+}
+
+/// Measures, plans and picks; returns `tc` with the picked strategy and the pick.
+pub(super) fn pick<M: Units>(
+    model: &M,
+    tc: &TrainerConfig,
+    pg: &mut ProcessGroup,
+    sampler: &DistributedSampler,
+    loss: &impl Fn(&M, &[usize]) -> Tensor<1>,
+    cx: &AutoCx<'_>,
+) -> Result<(TrainerConfig, Pick)> {
+    let t0 = Instant::now();
+    let mut sampler = sampler.clone();
+    let step_s = measure_compute(
+        model.clone(),
+        cx.device,
+        tc,
+        COMPUTE_STEPS,
+        |t: &mut Trainer<M>, i| {
+            let idx = sampler.indices(i);
+            t.step(|m| loss(m, &idx))
+        },
+    )
+    .context("--strategy auto: measuring this rank's compute step")?;
+    let w = Workload {
+        params: wiretrain::flat::FlatLayout::of(model).total(),
+        seq: cx.seq,
+        global_batch: cx.global_batch,
+        // Micro-batches accumulate before any reduction: unit-by-unit steps are out.
+        units: if cx.accumulate == 1 {
+            Some(Trainer::<M>::effective_units_of(model)?)
+        } else {
+            None
+        },
+        device_mem: host_memory_share(cx.spec, pg.table().nodes()[pg.node()].devices.len()),
+        allow_diloco: cx.auto.allow_diloco,
+    };
+    let m = measure(pg, &w, step_s).context("--strategy auto: measuring the wiring")?;
+    let table = pg.table();
+    let pick = choose(
+        &w,
+        &m,
+        tc,
+        table.num_nodes(),
+        table.nodes()[0].devices.len(),
+    )?;
+    let cfg = pick.config(tc)?;
+    if pg.rank() == 0 {
+        print_pick(&pick, cx.seq, t0.elapsed().as_secs_f64());
+    }
+    Ok((cfg, pick))
+}
+
+/// Memory per rank where the device is host memory (Burn's CPU backend, lavapipe): the
+/// machine's available memory over this node's ranks; `None` where it is not known.
+fn host_memory_share(spec: Option<&DeviceSpec>, ranks: usize) -> Option<f64> {
+    if !matches!(spec, Some(DeviceSpec::Cpu | DeviceSpec::WgpuCpu)) {
+        return None;
+    }
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kb: f64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))?
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()?;
+    Some(kb * 1024.0 / ranks.max(1) as f64)
+}
+
+/// The table on stderr: one row per strategy, the measured wiring, the pick and why.
+fn print_pick(p: &Pick, seq: usize, seconds: f64) {
+    let m = &p.measured;
+    let inter = match (m.inter_gbps, m.inter_latency_us) {
+        (Some(g), Some(l)) => format!("{g:.3} Gbit/s, {l:.0} µs per message"),
+        _ => "none (one node)".into(),
+    };
+    eprintln!(
+        "wiretrain: --strategy auto measured in {seconds:.1} s: step {:.1} ms on the slowest \
+         rank ({:.4} TFLOP/s), between nodes {inter}, in the node {:.1} Gbit/s copies and {:.0} \
+         µs per collective, memory {}",
+        m.step_s * 1e3,
+        m.tflops,
+        m.intra_gbps,
+        m.intra_latency_us,
+        m.device_mem
+            .map_or("unknown (every strategy taken to fit)".into(), |b| format!(
+                "{:.1} GB per rank",
+                b / 1e9
+            )),
+    );
+    eprintln!(
+        "wiretrain: {:>13} {:>6} {:>9} {:>10} {:>10} {:>12}",
+        "strategy", "fits", "GB/rank", "inter MB", "step ms", "samples/s"
+    );
+    for r in &p.plans {
+        eprintln!(
+            "wiretrain: {:>13} {:>6} {:>9.3} {:>10.2} {:>10.1} {:>12.1}{}",
+            r.name,
+            if r.fits { "yes" } else { "no" },
+            r.bytes_per_device / 1e9,
+            r.comm_bytes_inter / 1e6,
+            r.step_s * 1e3,
+            r.tokens_per_s / seq as f64,
+            if r.recommended { "  <- picked" } else { "" }
+        );
+    }
+    eprintln!("wiretrain: --strategy auto picked {}", p.reason);
+}
