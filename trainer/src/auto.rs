@@ -69,7 +69,8 @@ pub struct Measured {
     pub intra_gbps: f64,
     pub intra_latency_us: f64,
     pub device_mem: Option<f64>,
-    /// Seconds the measurements took on rank 0.
+    /// Seconds the measurements took (rank 0's wiring; the binary adds the compute
+    /// measurement, on the rank that reports).
     pub seconds: f64,
 }
 

@@ -31,6 +31,10 @@ pub struct TrainArgs {
     /// --strategy auto: strategies that change the optimization it may pick (diloco).
     #[arg(long)]
     pub allow: Option<String>,
+    /// With a named --strategy: measure the wiring at start and print auto's table, then
+    /// train with the strategy given (the table shows what it is predicted to cost).
+    #[arg(long)]
+    pub show_plan: bool,
     /// Optimizer steps.
     #[arg(long)]
     pub steps: Option<usize>,

@@ -63,16 +63,22 @@ pub(super) fn pick<M: Units>(
     };
     let m = measure(pg, &w, step_s).context("--strategy auto: measuring the wiring")?;
     let table = pg.table();
-    let pick = choose(
+    let mut pick = choose(
         &w,
         &m,
         tc,
         table.num_nodes(),
         table.nodes()[0].devices.len(),
     )?;
-    let cfg = pick.config(tc)?;
+    // What the user waited for: the compute measurement and the wiring's, on this rank.
+    pick.measured.seconds = t0.elapsed().as_secs_f64();
+    let cfg = if cx.auto.keep {
+        tc.clone()
+    } else {
+        pick.config(tc)?
+    };
     if pg.rank() == 0 {
-        print_pick(&pick, cx.seq, t0.elapsed().as_secs_f64());
+        print_pick(&pick, cx.seq, cx.auto.keep.then(|| given_name(tc)));
     }
     Ok((cfg, pick))
 }
@@ -96,8 +102,19 @@ fn host_memory_share(spec: Option<&DeviceSpec>, ranks: usize) -> Option<f64> {
 }
 
 /// The table on stderr: one row per strategy, the measured wiring, the pick and why.
-fn print_pick(p: &Pick, seq: usize, seconds: f64) {
+/// The row name of a configured strategy (`diloco`, `diloco-hybrid` for DiLoCo).
+fn given_name(tc: &TrainerConfig) -> String {
+    match (tc.diloco(), tc.strategy()) {
+        (None, s) => s.to_string(),
+        (Some(_), wiretrain::strategy::Strategy::Ddp) => "diloco".into(),
+        (Some(_), s) => format!("diloco-{s}"),
+    }
+}
+
+/// `given`: the strategy the user named (`--show-plan`), which the run keeps.
+fn print_pick(p: &Pick, seq: usize, given: Option<String>) {
     let m = &p.measured;
+    let seconds = m.seconds;
     let inter = match (m.inter_gbps, m.inter_latency_us) {
         (Some(g), Some(l)) => format!("{g:.3} Gbit/s, {l:.0} µs per message"),
         _ => "none (one node)".into(),
@@ -129,8 +146,20 @@ fn print_pick(p: &Pick, seq: usize, seconds: f64) {
             r.comm_bytes_inter / 1e6,
             r.step_s * 1e3,
             r.tokens_per_s / seq as f64,
-            if r.recommended { "  <- picked" } else { "" }
+            match (r.recommended, given.as_deref() == Some(r.name.as_str())) {
+                (true, true) => "  <- given, and auto's pick",
+                (false, true) => "  <- given",
+                (true, false) if given.is_some() => "  <- auto's pick",
+                (true, false) => "  <- picked",
+                (false, false) => "",
+            }
         );
     }
-    eprintln!("wiretrain: --strategy auto picked {}", p.reason);
+    match given {
+        None => eprintln!("wiretrain: --strategy auto picked {}", p.reason),
+        Some(g) => eprintln!(
+            "wiretrain: training with the strategy given, {g}; --strategy auto would pick {}",
+            p.reason
+        ),
+    }
 }

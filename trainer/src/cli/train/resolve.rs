@@ -76,12 +76,15 @@ pub(super) struct Run {
 pub(super) struct AutoRun {
     /// `--allow diloco`: DiLoCo may be picked, with these inner steps (`--inner-steps`).
     pub(super) allow_diloco: Option<u64>,
+    /// `--show-plan` with a named strategy: measure and print the table, train with the
+    /// strategy given.
+    pub(super) keep: bool,
 }
 
 impl Run {
     /// The strategy as the user named it (diloco runs on top of ddp).
     pub(super) fn strategy_name(&self) -> String {
-        if self.auto.is_some() {
+        if self.auto.as_ref().is_some_and(|a| !a.keep) {
             "auto".into()
         } else if self.trainer.diloco().is_some() {
             "diloco".into()
@@ -117,8 +120,8 @@ impl TrainArgs {
             .map_err(|e| crate::cli::usage_error(format!("--example: {e}")))?;
         let auto = self.auto(&file)?;
         let (strategy, diloco) = match auto {
-            Some(_) => (Strategy::Ddp, None),
-            None => self.strategy(&file)?,
+            Some(AutoRun { keep: false, .. }) => (Strategy::Ddp, None),
+            _ => self.strategy(&file)?,
         };
         let device = self.device(&file)?;
         let share_device = self.share_device || file.share_device.unwrap_or(false);
@@ -198,7 +201,10 @@ impl TrainArgs {
             if allow.is_some() {
                 usage!("--allow belongs to --strategy auto (what the planner may pick)");
             }
-            return Ok(None);
+            return Ok(self.show_plan.then_some(AutoRun {
+                allow_diloco: None,
+                keep: true,
+            }));
         }
         if self.shares.is_some() || file.shares.is_some() {
             usage!(
@@ -220,6 +226,7 @@ impl TrainArgs {
         }
         Ok(Some(AutoRun {
             allow_diloco: diloco.then(|| inner.unwrap_or(Diloco::default().inner_steps) as u64),
+            keep: false,
         }))
     }
 
