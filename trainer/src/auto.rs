@@ -62,7 +62,8 @@ pub struct Measured {
     pub step_s: f64,
     /// That step by the planner's model: 6·Ψ·tokens per rank / step.
     pub tflops: f64,
-    /// Between nodes (absent on one node): Gbit/s per direction, and µs per message.
+    /// Between nodes (absent on one node): the node's Gbit/s per direction (all its lanes),
+    /// and µs per message.
     pub inter_gbps: Option<f64>,
     pub inter_latency_us: Option<f64>,
     /// Inside the node: the copy rate of shared host buffers, and a node collective's latency.
@@ -175,8 +176,18 @@ pub fn measure(pg: &mut ProcessGroup, w: &Workload, my_step_s: f64) -> Result<Me
 }
 
 /// The link between nodes from p2p exchanges: per-message latency from 4 KiB messages, the
-/// rate from messages sized to take ~0.2 s at a first estimate (256 KiB to 16 MiB).
+/// rate from messages sized to take ~0.2 s at a first estimate (256 KiB to 16 MiB). Every
+/// lane of the node (one per local rank) exchanges at once, so the node's rate, what the
+/// planner takes, is a lane's times the lanes.
 fn inter_link(pg: &mut ProcessGroup) -> Result<(f64, f64), AutoError> {
+    let lanes = pg
+        .table()
+        .nodes()
+        .iter()
+        .map(|n| n.devices.len())
+        .min()
+        .unwrap_or(1)
+        .max(1) as f64;
     let p2p = |pg: &mut ProcessGroup, bytes: usize, iters: usize| {
         let spec = BenchSpec {
             ops: vec![BenchOp::P2p],
@@ -194,7 +205,7 @@ fn inter_link(pg: &mut ProcessGroup) -> Result<(f64, f64), AutoError> {
     let bytes_per_s = probe.busbw_gbps * 1e9;
     let size = ((bytes_per_s * 0.2) as usize).clamp(256 << 10, 16 << 20) & !3;
     let big = p2p(pg, size, 3)?;
-    Ok((big.busbw_gbps * 8.0, small.time_us))
+    Ok((big.busbw_gbps * 8.0 * lanes, small.time_us))
 }
 
 /// The median time of a one-element all-reduce inside the node, in µs.
