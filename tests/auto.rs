@@ -180,3 +180,43 @@ fn a_given_strategy_wins_and_show_plan_prints_its_predicted_cost() {
             .any(|p| p["name"] == "zero3" && p["step_s"].as_f64().unwrap() > 0.0)
     );
 }
+
+/// When the steps stay more than 30 % off the prediction for 20 steps (here one rank made
+/// slow after the measurement: `WIRETRAIN_TEST_SLOW_RANK`), rank 0 logs what they measure and
+/// what the planner would now pick, and the run keeps its strategy.
+#[test]
+fn drift_from_the_prediction_is_logged_with_a_new_plan_and_no_switch() {
+    let d = common::fresh_dir("auto", "drift");
+    let m = d.join("m.jsonl");
+    let out = common::run(
+        &[
+            "train",
+            "--example",
+            "mlp",
+            "--strategy",
+            "auto",
+            "--ranks-per-node",
+            "2",
+            "--steps",
+            "24",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--metrics",
+            m.to_str().unwrap(),
+        ],
+        &[("WIRETRAIN_TEST_SLOW_RANK", "1:150")],
+        Duration::from_secs(240),
+    );
+    let text = common::text(&out);
+    assert!(out.status.success(), "{text}");
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("re-planned")).collect();
+    // Steps 2..=21 drift (the first is a warm-up): one report, after step 21.
+    assert_eq!(lines.len(), 1, "{text}");
+    assert!(lines[0].contains("after step 21"), "{text}");
+    assert!(lines[0].contains("the planner would now pick"), "{text}");
+    assert!(lines[0].contains("the run keeps its strategy"), "{text}");
+    let s = common::jsonl(&m).pop().unwrap();
+    assert_eq!(s["strategy"], s["auto"]["name"], "no switch: {s}");
+    let _ = std::fs::remove_dir_all(&d);
+}

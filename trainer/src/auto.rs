@@ -305,3 +305,107 @@ pub fn choose(
         measured: m.clone(),
     })
 }
+
+/// Steps in a row that must drift before a re-plan is reported.
+pub const DRIFT_STEPS: usize = 20;
+/// How far (as a share of the prediction) a step must be from it to count as drifting.
+pub const DRIFT_SHARE: f64 = 0.3;
+
+/// Watches a run trained with a [`Pick`]: when the measured step stays more than 30 % from the
+/// pick's prediction for 20 steps in a row, it re-plans with what the steps measured (their
+/// compute and communication) and reports what the planner would now pick. It never switches:
+/// the run goes on with its strategy, the caller logs the [`Replan`].
+pub struct Drift {
+    pick: Pick,
+    /// The row of the strategy the run trains with.
+    row: String,
+    workload: Workload,
+    cfg: TrainerConfig,
+    nodes: usize,
+    ranks_per_node: usize,
+    seen: usize,
+    /// The drifting steps in a row: (step, compute, communication busy), seconds.
+    run: Vec<(f64, f64, f64)>,
+}
+
+/// A re-plan after drift: what was measured against what was predicted, and the new plan.
+#[derive(Debug, Clone, Serialize)]
+pub struct Replan {
+    /// The median of the drifting steps and the plan's prediction for the run's row, seconds.
+    pub measured_step_s: f64,
+    pub predicted_step_s: f64,
+    /// The plan from the steps' measurements; its `name` is what the planner would now pick.
+    pub pick: Pick,
+}
+
+impl Drift {
+    /// Watches a run of `row` (the pick's name, or a strategy the user named) against `pick`.
+    pub fn new(
+        pick: &Pick,
+        row: &str,
+        workload: &Workload,
+        cfg: &TrainerConfig,
+        nodes: usize,
+        ranks_per_node: usize,
+    ) -> Self {
+        Self {
+            pick: pick.clone(),
+            row: row.to_string(),
+            workload: workload.clone(),
+            cfg: cfg.clone(),
+            nodes,
+            ranks_per_node,
+            seen: 0,
+            run: Vec::new(),
+        }
+    }
+
+    /// Feeds one step's report (the first, a warm-up, is skipped); returns a re-plan after
+    /// [`DRIFT_STEPS`] drifting steps in a row, then counts afresh.
+    pub fn observe(&mut self, r: &StepReport) -> Option<Replan> {
+        self.seen += 1;
+        if self.seen == 1 {
+            return None;
+        }
+        let row = self.pick.plans.iter().find(|p| p.name == self.row)?;
+        let step = r.step_ms / 1e3;
+        if (step - row.step_s).abs() <= DRIFT_SHARE * row.step_s {
+            self.run.clear();
+            return None;
+        }
+        self.run
+            .push((step, r.compute_ms / 1e3, r.comm_busy_ms / 1e3));
+        if self.run.len() < DRIFT_STEPS {
+            return None;
+        }
+        let med = |k: fn(&(f64, f64, f64)) -> f64| {
+            let mut v: Vec<f64> = self.run.iter().map(k).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let (step_s, compute_s, busy_s) = (med(|x| x.0), med(|x| x.1), med(|x| x.2));
+        self.run.clear();
+        // The steps' own rates: compute scales the compute rate, the communication's busy
+        // time the link (both against what the plan assumed for this row).
+        let mut m = self.pick.measured.clone();
+        if compute_s > 0.0 {
+            m.tflops *= row.compute_s / compute_s;
+        }
+        if let (Some(g), true) = (m.inter_gbps, busy_s > 0.0 && row.comm_s > 0.0) {
+            m.inter_gbps = Some(g * row.comm_s / busy_s);
+        }
+        let pick = choose(
+            &self.workload,
+            &m,
+            &self.cfg,
+            self.nodes,
+            self.ranks_per_node,
+        )
+        .ok()?;
+        Some(Replan {
+            measured_step_s: step_s,
+            predicted_step_s: row.step_s,
+            pick,
+        })
+    }
+}

@@ -351,38 +351,36 @@ fn train_model<M: Units, L: FnOnce(Act) -> Tensor<1>>(
 ) -> Result<Option<usize>> {
     let micro = sh.run.accumulate;
     let mut fit_opts = sh.fit.clone();
-    let tc = match &sh.run.auto {
-        None => tc,
-        Some(a) => {
-            let cx = auto::AutoCx {
-                auto: a,
-                device,
-                spec: sh.run.device.get(pg.local_rank()).or(sh.run.device.first()),
-                seq: match sh.run.example {
-                    Example::CharLm => CHAR_SEQ,
-                    Example::Mlp => 1,
-                },
-                global_batch: sh.run.global_batch,
-                accumulate: micro,
-            };
-            let (tc, pick) = auto::pick(&model, &tc, &mut pg, &sampler, &loss, &cx)?;
-            if let Some(m) = fit_opts.meta.as_object_mut() {
-                m.insert("auto".into(), serde_json::to_value(&pick)?);
-            }
-            tc
-        }
+    let (tc, mut drift) = match &sh.run.auto {
+        None => (tc, None),
+        Some(a) => auto::configure(
+            &model,
+            tc,
+            &mut pg,
+            &sampler,
+            &loss,
+            (a, device, sh),
+            &mut fit_opts,
+        )?,
     };
     let trainer = Trainer::with_units(model, device, tc, pg)?;
     // Unit by unit: ZeRO-3 and HSDP always, the others when they overlap (one micro-batch:
     // resolve turns overlap off otherwise).
     let by_units = trainer.config().strategy().shards_params() || trainer.overlaps_units();
+    let mut steps = 0;
     let done = fit(trainer, sampler, &fit_opts, |t, idx| {
-        if by_units {
+        let r = if by_units {
             let (x, l) = unit_io(idx);
-            return t.step_units(x, l);
+            t.step_units(x, l)?
+        } else {
+            let per = idx.len() / micro;
+            t.step_accumulate(micro, |m, i| loss(m, &idx[i * per..(i + 1) * per]))?
+        };
+        steps += 1;
+        if let Some(re) = drift.as_mut().and_then(|d| d.observe(&r)) {
+            auto::log_replan(&re, steps);
         }
-        let per = idx.len() / micro;
-        t.step_accumulate(micro, |m, i| loss(m, &idx[i * per..(i + 1) * per]))
+        Ok(r)
     })?;
     Ok(done.stopped_after)
 }

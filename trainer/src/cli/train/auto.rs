@@ -6,7 +6,7 @@ use super::resolve::AutoRun;
 use anyhow::{Context, Result};
 use burn::tensor::{Device, Tensor};
 use std::time::Instant;
-use wiretrain::auto::{Pick, Workload, choose, measure, measure_compute};
+use wiretrain::auto::{Drift, Pick, Workload, choose, measure, measure_compute};
 use wiretrain::data::DistributedSampler;
 use wiretrain::device::DeviceSpec;
 use wiretrain::engine::{Trainer, TrainerConfig};
@@ -15,6 +15,35 @@ use wiretrain_comm::ProcessGroup;
 
 /// Timed steps of the compute measurement (after one warm-up).
 const COMPUTE_STEPS: usize = 2;
+
+/// `--strategy auto` (or `--show-plan`) on one rank: the configuration to train with, the
+/// pick in the metrics summary (`auto`), and rank 0's watch for drift.
+pub(super) fn configure<M: Units>(
+    model: &M,
+    tc: TrainerConfig,
+    pg: &mut ProcessGroup,
+    sampler: &DistributedSampler,
+    loss: &impl Fn(&M, &[usize]) -> Tensor<1>,
+    (auto, device, sh): (&AutoRun, &Device, &super::Shared),
+    fit: &mut wiretrain::fit::FitOptions,
+) -> Result<(TrainerConfig, Option<Drift>)> {
+    let cx = AutoCx {
+        auto,
+        device,
+        spec: sh.run.device.get(pg.local_rank()).or(sh.run.device.first()),
+        seq: match sh.run.example {
+            wiretrain::models::Example::CharLm => super::CHAR_SEQ,
+            wiretrain::models::Example::Mlp => 1,
+        },
+        global_batch: sh.run.global_batch,
+        accumulate: sh.run.accumulate,
+    };
+    let (tc, pick, watch) = pick(model, &tc, pg, sampler, loss, &cx)?;
+    if let Some(m) = fit.meta.as_object_mut() {
+        m.insert("auto".into(), serde_json::to_value(&pick)?);
+    }
+    Ok((tc, (pg.rank() == 0).then_some(watch)))
+}
 
 /// What `--strategy auto` needs besides the model.
 pub(super) struct AutoCx<'a> {
@@ -26,7 +55,8 @@ pub(super) struct AutoCx<'a> {
     pub accumulate: usize,
 }
 
-/// Measures, plans and picks; returns `tc` with the picked strategy and the pick.
+/// Measures, plans and picks; returns `tc` with the picked strategy (or the one given, with
+/// `--show-plan`), the pick, and the watch for drift from its prediction.
 pub(super) fn pick<M: Units>(
     model: &M,
     tc: &TrainerConfig,
@@ -34,7 +64,7 @@ pub(super) fn pick<M: Units>(
     sampler: &DistributedSampler,
     loss: &impl Fn(&M, &[usize]) -> Tensor<1>,
     cx: &AutoCx<'_>,
-) -> Result<(TrainerConfig, Pick)> {
+) -> Result<(TrainerConfig, Pick, Drift)> {
     let t0 = Instant::now();
     let mut sampler = sampler.clone();
     let step_s = measure_compute(
@@ -62,7 +92,7 @@ pub(super) fn pick<M: Units>(
         allow_diloco: cx.auto.allow_diloco,
     };
     let m = measure(pg, &w, step_s).context("--strategy auto: measuring the wiring")?;
-    let table = pg.table();
+    let table = pg.table().clone();
     let mut pick = choose(
         &w,
         &m,
@@ -77,10 +107,17 @@ pub(super) fn pick<M: Units>(
     } else {
         pick.config(tc)?
     };
+    let row = if cx.auto.keep {
+        given_name(tc)
+    } else {
+        pick.name.clone()
+    };
     if pg.rank() == 0 {
-        print_pick(&pick, cx.seq, cx.auto.keep.then(|| given_name(tc)));
+        print_pick(&pick, cx.seq, cx.auto.keep.then(|| row.clone()));
     }
-    Ok((cfg, pick))
+    let (nodes, ranks) = (table.num_nodes(), table.nodes()[0].devices.len());
+    let drift = Drift::new(&pick, &row, &w, &cfg, nodes, ranks);
+    Ok((cfg, pick, drift))
 }
 
 /// Memory per rank where the device is host memory (Burn's CPU backend, lavapipe): the
@@ -162,4 +199,23 @@ fn print_pick(p: &Pick, seq: usize, given: Option<String>) {
             p.reason
         ),
     }
+}
+
+/// Logs a re-plan after drift (rank 0): what the steps measured against the prediction, and
+/// what the planner would now pick; the run keeps its strategy.
+pub(super) fn log_replan(r: &wiretrain::auto::Replan, after_step: usize) {
+    let m = &r.pick.measured;
+    eprintln!(
+        "wiretrain: after step {after_step}: steps take {:.1} ms, {:.0}% off the {:.1} ms \
+         predicted, for {} steps; re-planned on what they measured ({:.4} TFLOP/s{}): the \
+         planner would now pick {} (the run keeps its strategy)",
+        r.measured_step_s * 1e3,
+        100.0 * (r.measured_step_s / r.predicted_step_s - 1.0).abs(),
+        r.predicted_step_s * 1e3,
+        wiretrain::auto::DRIFT_STEPS,
+        m.tflops,
+        m.inter_gbps
+            .map_or(String::new(), |g| format!(", {g:.3} Gbit/s between nodes")),
+        r.pick.reason
+    );
 }
