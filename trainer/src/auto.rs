@@ -294,6 +294,10 @@ pub fn choose(
     };
     let mut reason = crate::plan::reason(&plans, input.device_mem);
     if nodes == 1 {
+        reason = reason.replace(
+            "waiting for the network",
+            "waiting for communication in the node",
+        );
         reason.push_str("; one node: no strategy uses the network");
     }
     Ok(Pick {

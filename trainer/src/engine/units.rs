@@ -291,14 +291,20 @@ impl<M: Units> Trainer<M> {
             model = self.load_unit(model, p, &mut gathers, u, u + p.ahead + 1)?;
             let fwd = crate::trace::span(format!("forward unit {u}"), "compute");
             if p.sharded {
-                saved.push(Saved::Input(x.clone().detached()));
+                saved.push(Saved {
+                    input: x.clone().detached(),
+                    out: None,
+                });
                 x = model.forward_unit(u, x).detached();
             } else {
                 // The unit's own graph, from a leaf at its input: its backward runs alone.
                 let leaf = x.fresh_leaf();
                 let out = model.forward_unit(u, leaf.clone());
                 x = out.clone().detached();
-                saved.push(Saved::Graph { leaf, out });
+                saved.push(Saved {
+                    input: leaf,
+                    out: Some(out),
+                });
             }
             drop(fwd);
             model = self.unload_unit(model, p, u);
@@ -343,12 +349,15 @@ impl<M: Units> Trainer<M> {
         for u in (0..n).rev() {
             if u + 1 < n {
                 let (leaf, y) = match saved.pop().expect("a saved entry per unit") {
-                    Saved::Graph { leaf, out } => (leaf, out),
-                    Saved::Input(x) => {
+                    Saved {
+                        input,
+                        out: Some(out),
+                    } => (input, out),
+                    Saved { input, out: None } => {
                         let ahead = n - 1 - u + p.ahead;
                         model = self.load_unit(model, p, &mut gathers, u, ahead)?;
                         let _r = crate::trace::span(format!("recompute unit {u}"), "compute");
-                        let leaf = x.fresh_leaf();
+                        let leaf = input.fresh_leaf();
                         let y = model.forward_unit(u, leaf.clone());
                         (leaf, y)
                     }
@@ -430,12 +439,12 @@ struct Pass<'a> {
     clock: &'a StepClock,
 }
 
-/// What the backward pass needs of a unit (but the last) from the forward pass.
-enum Saved {
-    /// Stage 3: the unit's input, detached; the backward recomputes the unit from it.
-    Input(Act),
-    /// Stages 0-2: the unit's graph, from the leaf at its input to its output.
-    Graph { leaf: Act, out: Act },
+/// What the backward pass needs of a unit (but the last) from the forward pass: under stage 3
+/// its input, detached (the backward recomputes the unit from it; `out` is `None`); under
+/// stages 0-2 its graph, from the leaf at its input to its output.
+struct Saved {
+    input: Act,
+    out: Option<Act>,
 }
 
 /// The forward pass's result: what the backward needs of each unit but the last, the last
