@@ -167,7 +167,7 @@ impl<M: Module> Trainer<M> {
             .then(|| crate::device::kernels_for(device))
             .flatten();
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels);
-        let memory = memory_model(&cfg, &held, layout.total(), opt.state_bytes());
+        let memory = memory_model(&cfg, &held, layout.total(), opt.state_bytes(), unit_overlap);
         let mut trainer = Self {
             model: Some(model),
             layout,
@@ -461,11 +461,14 @@ impl<M: Module> Trainer<M> {
 }
 
 /// Bytes a rank holds for model states under `cfg`'s stage (what [`MemoryReport`] says).
+/// With `unit_overlap`, a stage-2 rank holds two units of full gradient (the one being
+/// flattened and the one in flight) besides its shard.
 fn memory_model(
     cfg: &TrainerConfig,
     held: &Held,
     total: usize,
     optim_bytes: usize,
+    unit_overlap: bool,
 ) -> MemoryReport {
     let max_bucket = held.buckets.iter().map(|b| b.len()).max().unwrap_or(0);
     let stage = cfg.strategy.stage();
@@ -476,7 +479,7 @@ fn memory_model(
             total
         },
         grads_bytes: 4 * if stage >= Stage::Gradients {
-            held.owned_len() + max_bucket
+            held.owned_len() + max_bucket * if unit_overlap { 2 } else { 1 }
         } else {
             total
         },
