@@ -119,30 +119,24 @@ fn auto_across_two_nodes_measures_the_link_and_trains_with_its_pick() {
 /// line naming what is wrong, exit 2.
 #[test]
 fn bad_auto_settings_are_refused() {
-    for (args, needle) in [
+    common::refused_each(&[
         (
-            vec!["train", "--strategy", "auto", "--allow", "zero9"],
+            &["train", "--strategy", "auto", "--allow", "zero9"],
             "--allow: unknown strategy \"zero9\"",
         ),
         (
-            vec!["train", "--strategy", "ddp", "--allow", "diloco"],
+            &["train", "--strategy", "ddp", "--allow", "diloco"],
             "--allow belongs to --strategy auto",
         ),
         (
-            vec!["train", "--strategy", "auto", "--shares", "32,32"],
+            &["train", "--strategy", "auto", "--shares", "32,32"],
             "cannot go with --shares",
         ),
         (
-            vec!["train", "--strategy", "auto", "--inner-steps", "5"],
+            &["train", "--strategy", "auto", "--inner-steps", "5"],
             "--inner-steps goes with --allow diloco",
         ),
-    ] {
-        let err = common::refused(&args);
-        assert!(
-            err.contains(needle) && err.trim().lines().count() == 1,
-            "{args:?}: {err}"
-        );
-    }
+    ]);
 }
 
 /// A named strategy wins; `--show-plan` still measures and prints the table, marking the

@@ -137,6 +137,17 @@ pub fn refused<S: AsRef<OsStr> + Debug>(args: &[S]) -> String {
     refused_env(args, &[])
 }
 
+/// Each `(args, needle)` is refused ([`refused`]: exit 2) with one line that contains `needle`.
+pub fn refused_each(cases: &[(&[&str], &str)]) {
+    for (args, needle) in cases {
+        let err = refused(args);
+        assert!(
+            err.contains(needle) && err.trim().lines().count() == 1,
+            "{args:?}: {err}"
+        );
+    }
+}
+
 /// [`refused`] with extra environment variables.
 pub fn refused_env<S: AsRef<OsStr> + Debug>(args: &[S], envs: &[(&str, &str)]) -> String {
     refused_within(args, envs, Duration::from_secs(60))
