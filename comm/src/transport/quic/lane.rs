@@ -410,16 +410,64 @@ async fn recv_frames(
         f.check(&got).map_err(Fail::Wire)?;
         // SAFETY: only the receiver touches the current recv piece.
         let dst = unsafe { buf.write(f.range.clone()) };
-        if (f.apply, dtype) == (Apply::Set, WireDtype::F32) {
-            recv.read_exact(bytemuck::cast_slice_mut(dst))
+        match (f.apply, dtype) {
+            (Apply::Set, WireDtype::F32) => recv
+                .read_exact(bytemuck::cast_slice_mut(dst))
                 .await
-                .map_err(Fail::Read)?;
-        } else {
-            dec.resize(f.header.len as usize, 0);
-            recv.read_exact(dec).await.map_err(Fail::Read)?;
-            codec::decode(dtype, dec, dst, f.apply);
+                .map_err(Fail::Read)?,
+            // int8's scales lead its codes: decoded from the whole frame.
+            (_, WireDtype::Int8) => {
+                dec.resize(f.header.len as usize, 0);
+                recv.read_exact(dec).await.map_err(Fail::Read)?;
+                codec::decode(dtype, dec, dst, f.apply);
+            }
+            _ => recv_elems(recv, dtype, dst, f.apply, f.header.len as usize).await?,
         }
         landed.send_replace(done + 1);
+    }
+    Ok(())
+}
+
+/// Reads `len` bytes of element-wise `dtype` values (f32, f16, bf16) from `recv` chunk by
+/// chunk as quinn reassembled them, and applies each into `dst` as it arrives: no copy into a
+/// staging buffer (an element split between two chunks is carried over).
+async fn recv_elems(
+    recv: &mut RecvStream,
+    dtype: WireDtype,
+    dst: &mut [f32],
+    how: Apply,
+    len: usize,
+) -> Result<(), Fail> {
+    let es = codec::encoded_len(dtype, 1);
+    let (mut left, mut at) = (len, 0usize);
+    let mut carry = [0u8; 4];
+    let mut nc = 0usize;
+    while left > 0 {
+        let chunk = match recv.read_chunk(left, true).await {
+            Ok(Some(c)) => c.bytes,
+            Ok(None) => return Err(Fail::Read(quinn::ReadExactError::FinishedEarly(len - left))),
+            Err(e) => return Err(Fail::Read(quinn::ReadExactError::ReadError(e))),
+        };
+        left -= chunk.len();
+        let mut b = &chunk[..];
+        if nc > 0 {
+            let take = (es - nc).min(b.len());
+            carry[nc..nc + take].copy_from_slice(&b[..take]);
+            nc += take;
+            b = &b[take..];
+            if nc < es {
+                continue;
+            }
+            codec::decode(dtype, &carry[..es], &mut dst[at..at + 1], how);
+            at += 1;
+            nc = 0;
+        }
+        let whole = b.len() / es;
+        codec::decode(dtype, &b[..whole * es], &mut dst[at..at + whole], how);
+        at += whole;
+        let rest = &b[whole * es..];
+        carry[..rest.len()].copy_from_slice(rest);
+        nc = rest.len();
     }
     Ok(())
 }
