@@ -262,6 +262,7 @@ pub fn choose(
         device_mem: m.device_mem.unwrap_or(f64::MAX),
         precision: Precision::F32,
         wire: cfg.wire().into(),
+        wire_rows: Vec::new(),
         tflops: m.tflops,
         intra: link(m.intra_gbps, m.intra_latency_us),
         inter: link(

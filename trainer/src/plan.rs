@@ -40,6 +40,8 @@
 //!   backward, they run back to back from the end of the first unit's backward:
 //!   `exposed = max(0, gathers − compute) + max(R/n, R − backward·(n−1)/n) + the rest`, R the
 //!   reductions. DiLoCo's rows overlap nothing.
+//! - **Wire dtype**: `wire` between nodes for every row, or a row's own (`wire_rows`: DiLoCo's
+//!   deltas as int8, say); inside the node elements move as the model holds them.
 //! - **Rank order**: the above is wiretrain's node-major order (ring neighbours inside the
 //!   node). `--rank-order scrambled` models a flat ring over all N devices in which every
 //!   neighbour sits on another node (what a careless host list gives): each collective moves
@@ -93,6 +95,9 @@ pub struct PlanInput {
     pub device_mem: f64,
     pub precision: Precision,
     pub wire: WireDtype,
+    /// Rows that put another dtype on the wire than `wire`, by row name (`ddp`, `diloco`,
+    /// `diloco-hybrid`, ...): what each would run with `--wire-dtype`.
+    pub wire_rows: Vec<(String, WireDtype)>,
     /// Achieved (not peak) TFLOP/s per device.
     pub tflops: f64,
     pub intra: Link,
@@ -162,6 +167,8 @@ pub struct StrategyPlan {
     pub diloco_inner_steps: Option<u64>,
     /// The update equals single-process training's (false for DiLoCo).
     pub exact: bool,
+    /// What the row puts on the wire between nodes.
+    pub wire: WireDtype,
     pub params_bytes: f64,
     pub grads_bytes: f64,
     pub optim_bytes: f64,
@@ -287,8 +294,14 @@ impl PlanInput {
         let psi = self.params;
         let (n, g) = (self.nodes as f64, self.gpus_per_node as f64);
         let w = self.wire.bytes();
+        // Inside the node the elements move as the model holds them (shared host buffers:
+        // the wire dtype applies between nodes only).
+        let wi = match self.precision {
+            Precision::F32 => 4.0,
+            Precision::Mixed => 2.0,
+        };
         // One reduce-scatter or all-gather of Ψ over all devices, hierarchically.
-        let intra_rs = psi * (g - 1.0) / g * w;
+        let intra_rs = psi * (g - 1.0) / g * wi;
         let inter_rs = psi * (n - 1.0) / (n * g) * w;
         // Stage 3 gathers the parameters twice (forward and backward) and reduce-scatters
         // the gradients; the other stages reduce-scatter and all-gather once each. At node
@@ -398,8 +411,30 @@ impl PlanInput {
         (gathers - compute_s).max(0.0) + reductions_exposed + (comm_s - gathers - reductions)
     }
 
+    /// The wire dtype of the row named `row`: its own, or `wire`.
+    pub fn wire_of(&self, row: &str) -> WireDtype {
+        self.wire_rows
+            .iter()
+            .find(|(r, _)| r == row)
+            .map_or(self.wire, |(_, w)| *w)
+    }
+
     /// The plan of one row: memory, communication, and the step it predicts.
     fn plan_row(&self, st: Strategy, diloco: Option<u64>) -> StrategyPlan {
+        let name = match (diloco, st) {
+            (None, st) => st.to_string(),
+            (Some(_), Strategy::Ddp) => "diloco".to_string(),
+            (Some(_), inner) => format!("diloco-{inner}"),
+        };
+        let wire = self.wire_of(&name);
+        if wire != self.wire {
+            let row = PlanInput {
+                wire,
+                wire_rows: Vec::new(),
+                ..self.clone()
+            };
+            return row.plan_row(st, diloco);
+        }
         let tokens = (self.global_batch * self.seq) as f64;
         let compute_s = self.compute_s(st);
         let act = self.activations(self.recomputes(st));
@@ -419,13 +454,9 @@ impl PlanInput {
             None => self.exposed(st, &c, compute_s),
         };
         let step_s = compute_s + exposed.max(comm_s - compute_s).max(0.0);
-        let name = match (diloco, st) {
-            (None, st) => st.to_string(),
-            (Some(_), Strategy::Ddp) => "diloco".to_string(),
-            (Some(_), inner) => format!("diloco-{inner}"),
-        };
         StrategyPlan {
             name,
+            wire: self.wire,
             strategy: st,
             diloco_inner_steps: diloco,
             exact: diloco.is_none(),

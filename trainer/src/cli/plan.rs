@@ -41,7 +41,8 @@ pub struct PlanArgs {
     /// f32, or mixed (16-bit params and grads, f32 master weights and Adam state: K = 12).
     #[arg(long, default_value = "mixed")]
     pub precision: String,
-    /// Element type on the wire: f32, bf16, f16, int8 (default: 16-bit with mixed precision).
+    /// Element type on the wire: f32, bf16, f16, int8 (default: 16-bit with mixed precision),
+    /// and rows of their own as ROW=DTYPE (`--wire f32,diloco=int8`).
     #[arg(long)]
     pub wire: Option<String>,
     /// Achieved TFLOP/s per device (not the datasheet peak).
@@ -184,6 +185,48 @@ fn link(preset: &str, gbps: Option<f64>, latency_us: f64, which: &str) -> Result
 }
 
 impl PlanArgs {
+    /// `--wire`: one dtype for every row, and `ROW=DTYPE` entries for rows of their own
+    /// (`--wire f32,diloco=int8`); the default is bf16 with mixed precision, else f32.
+    fn wires(&self, precision: Precision) -> Result<(WireDtype, Vec<(String, WireDtype)>)> {
+        let mut wire = if precision == Precision::Mixed {
+            WireDtype::Bf16
+        } else {
+            WireDtype::F32
+        };
+        let mut rows = Vec::new();
+        let known = |r: &str| {
+            r == "diloco"
+                || r.strip_prefix("diloco-")
+                    .unwrap_or(r)
+                    .parse::<Strategy>()
+                    .is_ok()
+        };
+        for e in self
+            .wire
+            .as_deref()
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+        {
+            let parse = |w: &str| {
+                w.parse::<WireDtype>()
+                    .map_err(|err| crate::cli::usage_error(format!("--wire {w:?}: {err}")))
+            };
+            match e.split_once('=') {
+                None if e.is_empty() => {}
+                None => wire = parse(e)?,
+                Some((r, w)) if known(r.trim()) => {
+                    rows.push((r.trim().to_string(), parse(w.trim())?))
+                }
+                Some((r, _)) => usage!(
+                    "--wire: {r:?} is not a row (ddp, zero1, zero2, zero3, hybrid, hsdp, diloco, \
+                     diloco-hybrid)"
+                ),
+            }
+        }
+        Ok((wire, rows))
+    }
+
     fn input(&self) -> Result<PlanInput> {
         let shape = match (self.layers, self.hidden, self.heads) {
             (Some(layers), Some(hidden), Some(heads)) => Some(Shape {
@@ -206,13 +249,7 @@ impl PlanArgs {
             .precision
             .parse()
             .map_err(|e| crate::cli::usage_error(format!("--precision: {e}")))?;
-        let wire: WireDtype = match &self.wire {
-            Some(w) => w
-                .parse()
-                .map_err(|e| crate::cli::usage_error(format!("--wire: {e}")))?,
-            None if precision == Precision::Mixed => WireDtype::Bf16,
-            None => WireDtype::F32,
-        };
+        let (wire, wire_rows) = self.wires(precision)?;
         let devices = self.nodes.max(1) * self.gpus_per_node.max(1);
         let allowed = allowed(self.allow.as_deref())?;
         if allowed && self.diloco.is_none() {
@@ -234,6 +271,7 @@ impl PlanArgs {
             device_mem: self.device_mem * 1e9,
             precision,
             wire,
+            wire_rows,
             tflops: self.tflops,
             intra: link(&self.intra, self.intra_gbps, self.intra_latency_us, "intra")?,
             inter: link(&self.inter, self.inter_gbps, self.inter_latency_us, "inter")?,
@@ -426,6 +464,7 @@ pub fn interconnects_table(json: bool) -> String {
             device_mem: 80e9,
             precision: Precision::Mixed,
             wire: WireDtype::Bf16,
+            wire_rows: Vec::new(),
             tflops: 400.0,
             intra: Link::preset(intra).expect("preset"),
             inter: Link::preset(inter).expect("preset"),

@@ -20,6 +20,7 @@ fn zero_paper() -> PlanInput {
         device_mem: 32e9,
         precision: Precision::Mixed,
         wire: WireDtype::F16,
+        wire_rows: Vec::new(),
         tflops: 100.0,
         intra: Link::preset("nvlink4").unwrap(),
         inter: Link::preset("ib-hdr").unwrap(),
@@ -312,7 +313,8 @@ fn diloco_sends_ddps_inter_node_bytes_divided_by_h() {
     assert!(reason(&plans, p.device_mem).starts_with("diloco"));
 }
 
-/// int8 carries one byte per element plus an f32 scale per 128: 33/128 of f32's bytes.
+/// int8 carries one byte per element plus an f32 scale per 128: 33/128 of f32's bytes between
+/// nodes.
 #[test]
 fn int8_wire_bytes() {
     let mut p = zero_paper();
@@ -322,7 +324,8 @@ fn int8_wire_bytes() {
     let int8 = p.comm(Strategy::Zero2);
     let k = 33.0 / 128.0;
     assert!((int8.inter_bytes / f32_bytes.inter_bytes - k).abs() < 1e-12);
-    assert!((int8.intra_bytes / f32_bytes.intra_bytes - k).abs() < 1e-12);
+    // Inside the node elements move as the model holds them: the wire dtype is between nodes.
+    assert_eq!(int8.intra_bytes, f32_bytes.intra_bytes);
     assert_eq!(int8.volume, f32_bytes.volume, "the elements are the same");
 }
 
@@ -380,4 +383,25 @@ fn stage_3_rows_always_recompute() {
     let plans = p.plan();
     let c: Vec<f64> = plans.iter().map(|x| x.compute_s).collect();
     assert!(c.iter().all(|&x| x == c[0]), "{c:?}");
+}
+
+/// A row of its own wire dtype (`--wire f32,diloco=int8`): DiLoCo's deltas travel as int8
+/// (33/128 of f32's bytes between nodes), the other rows keep f32.
+#[test]
+fn a_row_can_put_its_own_dtype_on_the_wire() {
+    let mut p = zero_paper();
+    p.wire = WireDtype::F32;
+    p.diloco = Some(DilocoPlan {
+        inner_steps: 8,
+        allowed: true,
+    });
+    let row = |p: &PlanInput, n: &str| p.plan().into_iter().find(|x| x.name == n).unwrap();
+    let (ddp, dil) = (row(&p, "ddp"), row(&p, "diloco"));
+    p.wire_rows = vec![("diloco".into(), WireDtype::Int8)];
+    let (ddp8, dil8) = (row(&p, "ddp"), row(&p, "diloco"));
+    assert_eq!(ddp.comm_bytes_inter, ddp8.comm_bytes_inter);
+    assert_eq!((ddp8.wire, dil8.wire), (WireDtype::F32, WireDtype::Int8));
+    let k = dil8.comm_bytes_inter / dil.comm_bytes_inter;
+    assert!((k - 33.0 / 128.0).abs() < 1e-12, "{k}");
+    assert!(dil8.step_s < dil.step_s);
 }
