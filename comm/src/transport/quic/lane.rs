@@ -460,7 +460,6 @@ async fn recv_elems(
             }
             codec::decode(dtype, &carry[..es], &mut dst[at..at + 1], how);
             at += 1;
-            nc = 0;
         }
         let whole = b.len() / es;
         codec::decode(dtype, &b[..whole * es], &mut dst[at..at + whole], how);
