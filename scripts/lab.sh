@@ -14,7 +14,9 @@
 #      train and bench --op compute; default "--d-model 256": 1.6M parameters, so
 #      communication matters), STEPS (10), BATCH (32),
 #      LIMIT (300),
-#      BIN (the wiretrain binary), OUT (CSV path).
+#      BIN (the wiretrain binary), OUT (CSV path). STRATEGIES may name diloco (inner ddp, H =
+#      INNER inner steps, default 4): its row's step is the mean after the first (its outer
+#      steps are periodic), the others' the median.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NODES=${NODES:-2}; RATES=${RATES:-"none 1000 200 50"}; STEPS=${STEPS:-10}; BATCH=${BATCH:-32}
@@ -25,11 +27,13 @@ OUT=${OUT:-lab-$(date +%Y%m%d-%H%M%S).csv}
 # shellcheck source=scripts/lab-net.sh
 source "$(dirname "$0")/lab-net.sh"
 
+INNER=${INNER:-4}
 run() { # $1 strategy, $2 metrics file
   export WIRETRAIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d " \n")
   rm -f "$tmp/addr"
   local args=(train --example "$EXAMPLE" --strategy "$1" --steps "$STEPS" --global-batch "$BATCH"
               --device cpu --no-progress --nnodes "$NODES")
+  [ "$1" = diloco ] && args+=(--inner-steps "$INNER")
   # shellcheck disable=SC2206
   args+=($EXTRA)
   ip netns exec "$(ns 0)" timeout "$LIMIT" "$BIN" "${args[@]}" --node-rank 0 \
@@ -69,21 +73,26 @@ for rate in $RATES; do
     row=$(python3 - "$tmp/m.jsonl" "$rate" "$st" "$NODES" "$BATCH" <<'PY'
 import json, sys
 m, rate, st, nodes, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-s = json.loads(open(m).read().splitlines()[-1])
-md = s["median"]
+lines = [json.loads(l) for l in open(m).read().splitlines()]
+s = lines[-1]
+md = dict(s["median"])
+if st == "diloco":  # periodic outer steps: the mean over the steps after the first
+    steps = [r for r in lines if not r.get("summary")][1:]
+    for k in ["step_ms", "compute_ms", "comm_ms", "optim_ms", "sent_bytes"]:
+        md[k] = sum(r[k] for r in steps) / len(steps)
 print(",".join(str(x) for x in [rate, st, nodes, s["params_total"], md["step_ms"], md["compute_ms"],
       md["comm_ms"], md["optim_ms"], md["sent_bytes"], batch / (md["step_ms"] / 1e3)]))
 PY
 )
     IFS=, read -r _ _ _ params step _ <<<"$row"
     units=$(python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().splitlines()[-1]).get("units_effective") or 1)' "$tmp/m.jsonl")
-    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$seq" "$st" "$tflops" "$gbps" "$lat" "$units" <<'PY'
+    pred=$(python3 - "$BIN" "$params" "$NODES" "$BATCH" "$seq" "$st" "$tflops" "$gbps" "$lat" "$units" "$INNER" <<'PY'
 import json, subprocess, sys
 b, params, nodes, batch, seq, st = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5], sys.argv[6]
 tflops, gbps, lat, units = sys.argv[7:11]
 # (The planner charges ZeRO-3 and HSDP their recomputed unit forwards itself: 8 psi per token;
 # the model's effective unit count, a fact of its structure, tells it how reductions overlap.)
-extra = ["--units", units]
+extra = ["--units", units] + (["--diloco", sys.argv[11]] if st == "diloco" else [])
 out = subprocess.run([b, "plan", "--params", str(params), "--nodes", str(nodes), "--gpus-per-node", "1",
     "--seq", seq, "--micro-batch", str(batch // nodes), "--global-batch", str(batch), "--precision", "f32",
     "--wire", "f32", "--tflops", tflops, "--inter-gbps", gbps, "--inter-latency-us", lat,

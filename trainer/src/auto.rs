@@ -71,8 +71,12 @@ pub struct Measured {
     pub intra_latency_us: f64,
     pub device_mem: Option<f64>,
     /// Seconds the measurements took (rank 0's wiring; the binary adds the compute
-    /// measurement, on the rank that reports).
+    /// measurement, on the rank that reports), not counting the warm-up step.
     pub seconds: f64,
+    /// The warm-up step before the compute measurement (the binary sets it): on a GPU it
+    /// compiles the kernels, which the first training step pays otherwise.
+    #[serde(default)]
+    pub warmup_s: f64,
 }
 
 /// The strategy `--strategy auto` trains with, and why.
@@ -107,16 +111,24 @@ impl Pick {
     }
 }
 
-/// The median whole step (seconds) of `steps` steps (after one warm-up) of `model` in a
-/// one-rank job of its own, stepped by `step` (the caller's loss on its own batch), under
-/// DDP with `cfg`'s optimizer settings.
+/// The compute measurement of one rank: the median whole step of `steps` steps, and the
+/// warm-up step before them (on a GPU it compiles the kernels, which the first training step
+/// would otherwise do), in seconds.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ComputeStep {
+    pub step_s: f64,
+    pub warmup_s: f64,
+}
+
+/// `steps` steps (after one warm-up) of `model` in a one-rank job of its own, stepped by
+/// `step` (the caller's loss on its own batch), under DDP with `cfg`'s optimizer settings.
 pub fn measure_compute<M: Module>(
     model: M,
     device: &Device,
     cfg: &TrainerConfig,
     steps: usize,
     mut step: impl FnMut(&mut Trainer<M>, usize) -> Result<StepReport, TrainError>,
-) -> Result<f64, AutoError> {
+) -> Result<ComputeStep, AutoError> {
     let mut node = Node::join(NodeConfig::single_node(1, Token::generate()))?;
     let pg = node
         .take_groups()
@@ -130,17 +142,20 @@ pub fn measure_compute<M: Module>(
         .build()
         .map_err(TrainError::from)?;
     let mut t = Trainer::new(model, device, cfg, pg)?;
+    let warm = Instant::now();
+    step(&mut t, 0)?;
+    let warmup_s = warm.elapsed().as_secs_f64();
     let mut ms = Vec::with_capacity(steps);
-    for i in 0..=steps {
-        let r = step(&mut t, i)?;
-        if i > 0 {
-            ms.push(r.step_ms);
-        }
+    for i in 1..=steps {
+        ms.push(step(&mut t, i)?.step_ms);
     }
     drop(t);
     node.shutdown()?;
     ms.sort_by(f64::total_cmp);
-    Ok(ms.get(ms.len() / 2).copied().unwrap_or(0.0) / 1e3)
+    Ok(ComputeStep {
+        step_s: ms.get(ms.len() / 2).copied().unwrap_or(0.0) / 1e3,
+        warmup_s,
+    })
 }
 
 /// Measures the wiring on every rank (a collective: every rank calls it) with this rank's
@@ -169,6 +184,7 @@ pub fn measure(pg: &mut ProcessGroup, w: &Workload, my_step_s: f64) -> Result<Me
         intra_latency_us,
         device_mem: w.device_mem,
         seconds: t0.elapsed().as_secs_f64(),
+        warmup_s: 0.0,
     };
     let json = serde_json::to_vec(&mine).expect("plain numbers serialize");
     let root = pg.broadcast_bytes(&json, 0)?;

@@ -67,7 +67,7 @@ pub(super) fn pick<M: Units>(
 ) -> Result<(TrainerConfig, Pick, Drift)> {
     let t0 = Instant::now();
     let mut sampler = sampler.clone();
-    let step_s = measure_compute(
+    let cs = measure_compute(
         model.clone(),
         cx.device,
         tc,
@@ -91,7 +91,7 @@ pub(super) fn pick<M: Units>(
         device_mem: host_memory_share(cx.spec, pg.table().nodes()[pg.node()].devices.len()),
         allow_diloco: cx.auto.allow_diloco,
     };
-    let m = measure(pg, &w, step_s).context("--strategy auto: measuring the wiring")?;
+    let m = measure(pg, &w, cs.step_s).context("--strategy auto: measuring the wiring")?;
     let table = pg.table().clone();
     let mut pick = choose(
         &w,
@@ -100,8 +100,10 @@ pub(super) fn pick<M: Units>(
         table.num_nodes(),
         table.nodes()[0].devices.len(),
     )?;
-    // What the user waited for: the compute measurement and the wiring's, on this rank.
-    pick.measured.seconds = t0.elapsed().as_secs_f64();
+    // What the measurements took on this rank, the compute's and the wiring's; the warm-up
+    // step (kernel compilation on a GPU, which training's first step pays otherwise) apart.
+    pick.measured.seconds = t0.elapsed().as_secs_f64() - cs.warmup_s;
+    pick.measured.warmup_s = cs.warmup_s;
     let cfg = if cx.auto.keep {
         tc.clone()
     } else {
@@ -157,9 +159,10 @@ fn print_pick(p: &Pick, seq: usize, given: Option<String>) {
         _ => "none (one node)".into(),
     };
     eprintln!(
-        "wiretrain: --strategy auto measured in {seconds:.1} s: step {:.1} ms on the slowest \
-         rank ({:.4} TFLOP/s), between nodes {inter}, in the node {:.1} Gbit/s copies and {:.0} \
+        "wiretrain: --strategy auto measured in {seconds:.1} s (after a {:.1} s warm-up step): \
+         step {:.1} ms on the slowest rank ({:.4} TFLOP/s), between nodes {inter}, in the node {:.1} Gbit/s copies and {:.0} \
          µs per collective, memory {}",
+        m.warmup_s,
         m.step_s * 1e3,
         m.tflops,
         m.intra_gbps,
