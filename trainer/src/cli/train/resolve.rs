@@ -154,13 +154,7 @@ impl TrainArgs {
             .or(file.plot.clone())
             .or_else(|| self.metrics.as_ref().map(|m| m.with_extension("png")));
         let checkpoint = self.checkpoint(&file)?;
-        let checkpoint_timeout = match self.checkpoint_timeout {
-            None => std::time::Duration::from_secs(600),
-            Some(t) if t.is_finite() && (1.0..=86_400.0).contains(&t) => {
-                std::time::Duration::from_secs_f64(t)
-            }
-            Some(t) => usage!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
-        };
+        let checkpoint_timeout = self.checkpoint_timeout()?;
         let trainer = TrainerConfig::builder(strategy)
             .lr(lr)
             .bucket_bytes(bucket_bytes)
@@ -189,6 +183,17 @@ impl TrainArgs {
             d_model,
             layers,
             auto,
+        })
+    }
+
+    /// `--checkpoint-timeout` in seconds (default 600), within 1..=86400.
+    fn checkpoint_timeout(&self) -> Result<std::time::Duration> {
+        Ok(match self.checkpoint_timeout {
+            None => std::time::Duration::from_secs(600),
+            Some(t) if t.is_finite() && (1.0..=86_400.0).contains(&t) => {
+                std::time::Duration::from_secs_f64(t)
+            }
+            Some(t) => usage!("--checkpoint-timeout: {t} is outside 1..=86400 seconds"),
         })
     }
 
