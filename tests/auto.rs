@@ -214,3 +214,39 @@ fn drift_from_the_prediction_is_logged_with_a_new_plan_and_no_switch() {
     assert_eq!(s["strategy"], s["auto"]["name"], "no switch: {s}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// `--show-plan` with a DiLoCo run plans DiLoCo's rows (with its inner steps) so that the
+/// strategy given is in the table.
+#[test]
+fn show_plan_with_diloco_plans_its_rows() {
+    let (s, text) = auto_run(
+        "given-diloco",
+        &common::local_train(
+            "2",
+            "1",
+            &[
+                "--example",
+                "mlp",
+                "--strategy",
+                "diloco",
+                "--inner-steps",
+                "2",
+                "--show-plan",
+                "--steps",
+                "2",
+                "--device",
+                "cpu",
+                "--no-progress",
+            ],
+        ),
+    );
+    assert_eq!(s["strategy"], "diloco", "{text}");
+    assert!(
+        text.contains("training with the strategy given, diloco"),
+        "{text}"
+    );
+    let plans = s["auto"]["plans"].as_array().unwrap();
+    let given: Vec<_> = plans.iter().filter(|p| p["name"] == "diloco").collect();
+    assert_eq!(given.len(), 1, "{text}");
+    assert_eq!(given[0]["diloco_inner_steps"], 2);
+}

@@ -127,6 +127,16 @@ fn bad_input_exits_2_with_the_flag_named() {
             "--allow diloco needs --diloco",
         ),
         (vec!["--params", "1e9", "--diloco", "0"], "--diloco"),
+        // A row of its own wire dtype must be a row the table has (zero3, not its alias).
+        (
+            vec!["--params", "1e9", "--wire", "f32,fsdp=int8"],
+            "--wire: \"fsdp\" is not a row",
+        ),
+        (
+            vec!["--params", "1e9", "--wire", "f32,ddp=f12"],
+            "--wire \"f12\"",
+        ),
+        (vec!["--params", "1e9", "--units", "0.5"], "--units"),
     ] {
         let out = plan(&args);
         assert_eq!(

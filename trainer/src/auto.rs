@@ -381,9 +381,10 @@ impl Drift {
         }
     }
 
-    /// Feeds one step's report (the first, a warm-up, is skipped); returns a re-plan after
-    /// [`DRIFT_STEPS`] drifting steps in a row, then counts afresh.
-    pub fn observe(&mut self, r: &StepReport) -> Option<Replan> {
+    /// Feeds one step's report (the first, a warm-up, is skipped); returns a re-plan (or why
+    /// none could be made) after [`DRIFT_STEPS`] drifting steps in a row, then counts afresh.
+    /// `None` also when the run's row is not in the plan.
+    pub fn observe(&mut self, r: &StepReport) -> Option<Result<Replan, AutoError>> {
         self.seen += 1;
         if self.seen == 1 {
             return None;
@@ -415,18 +416,18 @@ impl Drift {
         if let (Some(g), true) = (m.inter_gbps, busy_s > 0.0 && row.comm_s > 0.0) {
             m.inter_gbps = Some(g * row.comm_s / busy_s);
         }
-        let pick = choose(
+        let predicted_step_s = row.step_s;
+        let replan = choose(
             &self.workload,
             &m,
             &self.cfg,
             self.nodes,
             self.ranks_per_node,
-        )
-        .ok()?;
-        Some(Replan {
+        );
+        Some(replan.map(|pick| Replan {
             measured_step_s: step_s,
-            predicted_step_s: row.step_s,
+            predicted_step_s,
             pick,
-        })
+        }))
     }
 }

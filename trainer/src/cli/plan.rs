@@ -5,7 +5,9 @@
 use crate::cli::usage;
 use anyhow::Result;
 use clap::Args;
-use wiretrain::plan::{DilocoPlan, Link, PRESETS, PlanInput, Precision, Shape, WireDtype, reason};
+use wiretrain::plan::{
+    DilocoPlan, Link, PLANNED, PRESETS, PlanInput, Precision, Shape, WireDtype, reason,
+};
 use wiretrain::strategy::Strategy;
 
 #[derive(Debug, Clone, Args)]
@@ -195,11 +197,7 @@ impl PlanArgs {
         };
         let mut rows = Vec::new();
         let known = |r: &str| {
-            r == "diloco"
-                || r.strip_prefix("diloco-")
-                    .unwrap_or(r)
-                    .parse::<Strategy>()
-                    .is_ok()
+            PLANNED.iter().any(|st| st.to_string() == r) || ["diloco", "diloco-hybrid"].contains(&r)
         };
         for e in self
             .wire

@@ -19,8 +19,8 @@ pub const MAX_PREFETCH: usize = 16;
 /// backward). Nothing is recomputed: each unit keeps its own graph from the forward pass, and
 /// the units become the communication buckets. What it costs is a backward cut into one call
 /// per unit, and reductions the size of a unit rather than of a bucket. ZeRO-3 and HSDP
-/// always step unit by unit; models without units, and steps of several micro-batches, never
-/// overlap.
+/// always step unit by unit; models without units, steps of several micro-batches, and
+/// DiLoCo (whose inner reductions stay inside the node) never overlap.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Overlap {

@@ -165,7 +165,8 @@ impl<M: Units> Trainer<M> {
         let units = unit_ranges(&model, &layout)?;
         let effective = effective_units(&units);
         let overlap = match cfg.overlap {
-            Overlap::On => true,
+            // DiLoCo's inner reductions stay in the node: nothing to hide (as planned).
+            Overlap::On => cfg.diloco.is_none(),
             Overlap::Off => false,
             Overlap::Auto => pg.table().nodes().len() > 1 && cfg.diloco.is_none(),
         };

@@ -13,8 +13,8 @@ use wiretrain::engine::{Trainer, TrainerConfig};
 use wiretrain::units::Units;
 use wiretrain_comm::ProcessGroup;
 
-/// Timed steps of the compute measurement (after one warm-up).
-const COMPUTE_STEPS: usize = 2;
+/// Timed steps of the compute measurement (after one warm-up): the median of three.
+const COMPUTE_STEPS: usize = 3;
 
 /// `--strategy auto` (or `--show-plan`) on one rank: the configuration to train with, the
 /// pick in the metrics summary (`auto`), and rank 0's watch for drift.
@@ -73,8 +73,12 @@ pub(super) fn pick<M: Units>(
         tc,
         COMPUTE_STEPS,
         |t: &mut Trainer<M>, i| {
+            // The step training runs: its micro-batches, accumulated.
             let idx = sampler.indices(i);
-            t.step(|m| loss(m, &idx))
+            let per = idx.len() / cx.accumulate.max(1);
+            t.step_accumulate(cx.accumulate.max(1), |m, k| {
+                loss(m, &idx[k * per..(k + 1) * per])
+            })
         },
     )
     .context("--strategy auto: measuring this rank's compute step")?;
@@ -205,8 +209,23 @@ fn print_pick(p: &Pick, seq: usize, given: Option<String>) {
 }
 
 /// Logs a re-plan after drift (rank 0): what the steps measured against the prediction, and
-/// what the planner would now pick; the run keeps its strategy.
-pub(super) fn log_replan(r: &wiretrain::auto::Replan, after_step: usize) {
+/// what the planner would now pick (or why it picks nothing); the run keeps its strategy.
+pub(super) fn log_replan(
+    r: &Result<wiretrain::auto::Replan, wiretrain::auto::AutoError>,
+    after_step: usize,
+) {
+    let r = match r {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!(
+                "wiretrain: after step {after_step}: steps stayed more than 30% off the \
+                 prediction for {} steps; re-planning on what they measured failed: {e} (the \
+                 run keeps its strategy)",
+                wiretrain::auto::DRIFT_STEPS
+            );
+            return;
+        }
+    };
     let m = &r.pick.measured;
     eprintln!(
         "wiretrain: after step {after_step}: steps take {:.1} ms, {:.0}% off the {:.1} ms \

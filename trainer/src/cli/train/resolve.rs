@@ -206,8 +206,12 @@ impl TrainArgs {
             if allow.is_some() {
                 usage!("--allow belongs to --strategy auto (what the planner may pick)");
             }
-            return Ok(self.show_plan.then_some(AutoRun {
-                allow_diloco: None,
+            // With a DiLoCo run given, its rows are planned (with its inner steps) so that
+            // the table shows what it costs.
+            let diloco = strategy.as_deref() == Some("diloco");
+            let inner = self.inner_steps.or(file.inner_steps);
+            return Ok(self.show_plan.then(|| AutoRun {
+                allow_diloco: diloco.then(|| inner.unwrap_or(Diloco::default().inner_steps) as u64),
                 keep: true,
             }));
         }
