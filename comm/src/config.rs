@@ -50,6 +50,7 @@ pub struct QuicTuning {
     pub(crate) udp_buffer_bytes: usize,
     pub(crate) frame_bytes: usize,
     pub(crate) net_threads: usize,
+    pub(crate) channels: usize,
     pub(crate) congestion: Congestion,
 }
 
@@ -68,6 +69,7 @@ impl Default for QuicTuning {
             udp_buffer_bytes: 8 << 20,
             frame_bytes: 1 << 20,
             net_threads: 2,
+            channels: 1,
             congestion: Congestion::Cubic,
         }
     }
@@ -140,6 +142,20 @@ impl QuicTuning {
             });
         }
         self.net_threads = v;
+        Ok(self)
+    }
+    /// QUIC connections per lane and peer node (1..=16). Each lane runs its passes split over
+    /// this many channels, each on its own connection, so that the packet work and crypto of
+    /// one lane (quinn drives each connection on one task) and its copies and reductions
+    /// spread over more cores. Every node of a job must use the same count.
+    pub fn channels(&mut self, v: usize) -> Result<&mut Self, ConfigError> {
+        if !(1..=16).contains(&v) {
+            return Err(ConfigError::Invalid {
+                field: "channels",
+                reason: format!("{v} is outside 1..=16"),
+            });
+        }
+        self.channels = v;
         Ok(self)
     }
     /// Payload bytes per data frame (the pipelining unit).
@@ -372,6 +388,9 @@ mod tests {
         assert!(c.quic().mtu_upper_bound(65_508).is_err());
         assert!(c.quic().mtu_upper_bound(65_507).is_ok());
         assert!(c.quic().frame_bytes(3).is_err());
+        assert!(c.quic().channels(0).is_err());
+        assert!(c.quic().channels(17).is_err());
+        assert!(c.quic().channels(4).is_ok());
         assert!(c.quic().idle_timeout(Duration::from_millis(1)).is_err());
     }
 }

@@ -35,6 +35,10 @@ pub enum Control {
         listen_ip: Option<IpAddr>,
         listen_port: u16,
         devices: Vec<String>,
+        /// QUIC connections per lane and peer ([`crate::QuicTuning::channels`]); every node
+        /// must use the coordinator's.
+        #[serde(default = "one_channel")]
+        channels: usize,
     },
     Welcome {
         node: usize,
@@ -47,7 +51,14 @@ pub enum Control {
         version: u32,
         node: usize,
     },
+    /// Sent to each higher node once this node's mesh stands (it accepts nothing else any
+    /// more): that node may dial its lane links now.
+    LanesReady,
     Goodbye,
+}
+
+fn one_channel() -> usize {
+    1
 }
 
 /// An established link to another node, with its control stream.
@@ -58,16 +69,17 @@ pub struct Peer {
     pub ctrl_recv: RecvStream,
 }
 
-/// What a node's QUIC connection to a peer has done so far (quinn's path and UDP counters).
+/// What a node's QUIC connections to a peer have done so far (quinn's path and UDP counters).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct LinkStats {
     /// The peer node.
     pub node: usize,
-    /// Smoothed round-trip time, µs.
+    /// Smoothed round-trip time, µs (the largest of the connections).
     pub rtt_us: u64,
-    /// Congestion window, bytes.
+    /// Congestion window, bytes (summed over the connections).
     pub cwnd: u64,
-    /// UDP payload bytes per datagram that path-MTU discovery has settled on.
+    /// UDP payload bytes per datagram that path-MTU discovery has settled on (the smallest of
+    /// the connections).
     pub mtu: u16,
     pub sent_packets: u64,
     pub lost_packets: u64,
@@ -86,20 +98,45 @@ pub struct LinkStats {
 impl Peer {
     /// This connection's counters now.
     pub fn stats(&self) -> LinkStats {
-        let st = self.conn.stats();
-        LinkStats {
-            node: self.node,
-            rtt_us: st.path.rtt.as_micros() as u64,
-            cwnd: st.path.cwnd,
-            mtu: st.path.current_mtu,
-            sent_packets: st.path.sent_packets,
-            lost_packets: st.path.lost_packets,
-            congestion_events: st.path.congestion_events,
-            udp_tx_datagrams: st.udp_tx.datagrams,
-            udp_tx_ios: st.udp_tx.ios,
-            udp_rx_datagrams: st.udp_rx.datagrams,
-            udp_rx_ios: st.udp_rx.ios,
+        LinkStats::of(self.node, [&self.conn])
+    }
+}
+
+impl LinkStats {
+    /// The counters of the connections `conns` to `node`, taken together: packets and
+    /// datagrams summed, congestion windows summed, the largest round-trip time and the
+    /// smallest datagram size.
+    pub fn of<'a>(node: usize, conns: impl IntoIterator<Item = &'a Connection>) -> LinkStats {
+        let mut l = LinkStats {
+            node,
+            rtt_us: 0,
+            cwnd: 0,
+            mtu: u16::MAX,
+            sent_packets: 0,
+            lost_packets: 0,
+            congestion_events: 0,
+            udp_tx_datagrams: 0,
+            udp_tx_ios: 0,
+            udp_rx_datagrams: 0,
+            udp_rx_ios: 0,
+        };
+        for c in conns {
+            let st = c.stats();
+            l.rtt_us = l.rtt_us.max(st.path.rtt.as_micros() as u64);
+            l.cwnd += st.path.cwnd;
+            l.mtu = l.mtu.min(st.path.current_mtu);
+            l.sent_packets += st.path.sent_packets;
+            l.lost_packets += st.path.lost_packets;
+            l.congestion_events += st.path.congestion_events;
+            l.udp_tx_datagrams += st.udp_tx.datagrams;
+            l.udp_tx_ios += st.udp_tx.ios;
+            l.udp_rx_datagrams += st.udp_rx.datagrams;
+            l.udp_rx_ios += st.udp_rx.ios;
         }
+        if l.mtu == u16::MAX {
+            l.mtu = 0;
+        }
+        l
     }
 }
 
@@ -244,7 +281,7 @@ pub async fn coordinate(
                 tokio::spawn(receive_hello(incoming, tx.clone()));
             }
             Some(a) = rx.recv() => {
-                if let Err((a, reason)) = joined.admit(a, version, cfg.nnodes) {
+                if let Err((a, reason)) = joined.admit(a, version, cfg.nnodes, cfg.quic.channels) {
                     refusals.spawn(refuse_owned(a, reason));
                 }
             }
@@ -345,8 +382,24 @@ impl Joined {
 
     /// Admits an arrival whose hello checks out, or hands it back with the reason to refuse.
     #[allow(clippy::result_large_err)] // the arrival goes back to be refused
-    fn admit(&mut self, a: Arrival, version: u32, nnodes: usize) -> Result<(), (Arrival, String)> {
+    fn admit(
+        &mut self,
+        a: Arrival,
+        version: u32,
+        nnodes: usize,
+        channels: usize,
+    ) -> Result<(), (Arrival, String)> {
         let taken = |r: usize| self.by_rank.contains_key(&r);
+        if let Control::Hello { channels: c, .. } = &a.hello
+            && *c != channels
+        {
+            let reason = format!(
+                "channel count mismatch: the coordinator runs {channels} QUIC connection(s) per \
+                 lane, the joining node {c}; pass the same --channels to every node"
+            );
+            tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
+            return Err((a, reason));
+        }
         let hello = match validate::check_hello(&a.hello, version, nnodes, taken) {
             Ok(h) => h,
             Err(reason) => {
@@ -504,6 +557,7 @@ fn own_hello(ep: &Endpoint, cfg: &NodeConfig) -> Result<Control, RendezvousError
         listen_ip: Some(local.ip()),
         listen_port: local.port(),
         devices: cfg.devices.clone(),
+        channels: cfg.quic.channels,
     })
 }
 

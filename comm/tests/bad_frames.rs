@@ -54,15 +54,16 @@ fn rogue_run(payload: Vec<u8>) -> (String, String) {
         let identity = JobIdentity::from_token(&TOKEN.into()).unwrap();
         let ep = quic::endpoint("127.0.0.2:0".parse().unwrap(), &identity, cfg.quic()).unwrap();
         let (table, me, p0) = rendezvous::join(&ep, &identity, &cfg).await.unwrap();
-        let peers = rendezvous::mesh(&ep, &identity, &cfg, &table, me, vec![p0])
+        let mut peers = rendezvous::mesh(&ep, &identity, &cfg, &table, me, vec![p0])
             .await
             .unwrap();
-        let mut lanes = rendezvous::open_lanes(&cfg, &table, me, &peers)
+        let mut lanes = rendezvous::open_lanes(&ep, &identity, &cfg, &table, me, &mut peers)
             .await
             .unwrap();
         let s = lanes.raw_send(0, 0).unwrap();
         s.write_all(&payload).await.unwrap();
-        let why = tokio::time::timeout(Duration::from_secs(20), peers[0].conn.closed())
+        let conn = lanes.raw_conn(0, 0).unwrap().clone();
+        let why = tokio::time::timeout(Duration::from_secs(20), conn.closed())
             .await
             .expect("node 0 closes the connection");
         quic::describe_conn_error(&why)

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::cluster;
+use common::{cluster, cluster_tuned};
 use wiretrain_comm::bench::{BenchOp, BenchSpec, run_rank};
 use wiretrain_comm::{CallOpts, Group, ReduceOp, WireDtype};
 
@@ -13,6 +13,16 @@ fn check_shape(shape: &[usize], sizes: &[usize], iters: usize) {
 }
 
 fn check_shape_wire(shape: &[usize], sizes: &[usize], iters: usize, wire: WireDtype) {
+    check_shape_channels(shape, sizes, iters, wire, 1);
+}
+
+fn check_shape_channels(
+    shape: &[usize],
+    sizes: &[usize],
+    iters: usize,
+    wire: WireDtype,
+    channels: usize,
+) {
     let spec = BenchSpec {
         ops: vec![
             BenchOp::AllReduce,
@@ -30,11 +40,14 @@ fn check_shape_wire(shape: &[usize], sizes: &[usize], iters: usize, wire: WireDt
     for reduce in [ReduceOp::Sum, ReduceOp::Mean] {
         let mut spec = spec.clone();
         spec.reduce = reduce;
-        let res = cluster(shape, "test-token", move |mut pg| {
+        let tune = move |c: &mut wiretrain_comm::NodeConfig| {
+            c.quic().channels(channels).unwrap();
+        };
+        let res = cluster_tuned(shape, "test-token", tune, move |mut pg| {
             run_rank(&mut pg, &spec, |_| {}).map_err(|e| e.to_string())
         });
         for node in res {
-            for rank in node.expect("node failed") {
+            for rank in node.expect("node failed").0 {
                 let rows = rank.expect("rank failed");
                 assert_eq!(rows.len(), 4 * sizes.len());
                 for r in rows {
@@ -90,6 +103,71 @@ fn narrow_wire_bytes() {
     assert!(
         (int8 / f32b - (0.25 + 1.0 / 128.0)).abs() < 0.01,
         "{sent:?}"
+    );
+}
+
+/// A lane split over several QUIC connections (channels): every collective exact (f32) or
+/// within its bound (int8) and bit-identical on every rank, for lengths that leave some
+/// channels an empty slice (4 elements over 3 channels), frames of several chunks, and more
+/// channels than nodes.
+#[test]
+fn channels_split_every_collective() {
+    check_shape_channels(&[2, 2], &[0, 4, 28, 4_000_012], 2, WireDtype::F32, 3);
+    check_shape_channels(&[2, 1, 2], &[4, 4_000_012], 2, WireDtype::Int8, 2);
+    check_shape_channels(&[3, 1], &[28, 4_000_012], 2, WireDtype::Bf16, 4);
+}
+
+/// With 3 channels, each of a pair's lane connections carries a third of an all-reduce's
+/// datagrams, and the control connection next to none.
+#[test]
+fn channels_each_carry_their_share() {
+    let spec = BenchSpec {
+        ops: vec![BenchOp::AllReduce],
+        sizes: vec![24 << 20],
+        iters: 2,
+        warmup: 0,
+        check: true,
+        reduce: ReduceOp::Sum,
+        wire: WireDtype::F32,
+    };
+    let res = common::cluster_each(
+        &[2, 1],
+        "test-token",
+        |c| {
+            c.quic().channels(3).unwrap();
+        },
+        move |mut pg| run_rank(&mut pg, &spec, |_| {}).map_err(|e| e.to_string()),
+    );
+    for node in res {
+        let (out, conns) = node.expect("node failed");
+        assert_eq!(out[0].as_ref().expect("rank")[0].wrong, 0);
+        assert_eq!(conns.len(), 4, "control + 3 lane connections: {conns:?}");
+        let total: u64 = conns.iter().map(|c| c.udp_tx_datagrams).sum();
+        for c in &conns[1..] {
+            let share = c.udp_tx_datagrams as f64 / total as f64;
+            assert!((0.25..0.42).contains(&share), "{share} of {conns:?}");
+        }
+        assert!(conns[0].udp_tx_datagrams * 50 < total, "{conns:?}");
+    }
+}
+
+/// Nodes that disagree on the channel count are refused at rendezvous, with what to change.
+#[test]
+fn channel_mismatch_is_refused() {
+    let res = cluster_tuned(
+        &[1, 1],
+        "test-token",
+        |c| {
+            let k = if c.node_rank() == Some(0) { 2 } else { 1 };
+            c.quic().channels(k).unwrap();
+            c.rendezvous_timeout(std::time::Duration::from_secs(3));
+        },
+        |_| (),
+    );
+    let err = res[1].as_ref().expect_err("node 1 is refused").to_string();
+    assert!(
+        err.contains("channel count mismatch") && err.contains("--channels"),
+        "{err}"
     );
 }
 

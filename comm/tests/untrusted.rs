@@ -85,6 +85,7 @@ fn valid_messages() -> Vec<Vec<u8>> {
             listen_ip: None,
             listen_port: 4000,
             devices: vec!["cpu".into()],
+            channels: 1,
         },
         Control::Refused { reason: "x".into() },
         Control::PeerHello {
@@ -126,6 +127,7 @@ fn hello(version: u32, node_rank: Option<usize>, nnodes: usize, ranks: usize) ->
         listen_ip: None,
         listen_port: 4000,
         devices: vec!["cpu".into(); ranks],
+        channels: 1,
     }
 }
 

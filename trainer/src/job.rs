@@ -64,6 +64,8 @@ pub struct JobOptions {
     pub mtu: Option<u16>,
     pub frame_bytes: Option<usize>,
     pub net_threads: usize,
+    /// QUIC connections per lane and peer node (every node the same).
+    pub channels: usize,
     /// cubic, bbr or newreno.
     pub congestion: String,
     /// Node 0 writes its bound address here (local launchers).
@@ -92,6 +94,7 @@ impl Default for JobOptions {
             mtu: None,
             frame_bytes: None,
             net_threads: 2,
+            channels: 1,
             congestion: "cubic".into(),
             addr_file: None,
             fingerprint_file: None,
@@ -190,6 +193,9 @@ impl JobOptions {
         cfg.quic()
             .net_threads(self.net_threads)
             .map_err(|err| e("--net-threads", &err))?;
+        cfg.quic()
+            .channels(self.channels)
+            .map_err(|err| e("--channels", &err))?;
         cfg.quic().congestion(
             self.congestion
                 .parse()

@@ -83,6 +83,19 @@ pub fn frames(r: Range<usize>, per: usize) -> impl Iterator<Item = Range<usize>>
     })
 }
 
+/// Channel `c` of `k`'s slice of every piece: the c-th of `k` near-equal contiguous parts (the
+/// slices of one piece tile it in channel order; a part may be empty).
+pub fn channel_pieces(pieces: &[Range<usize>], c: usize, k: usize) -> Vec<Range<usize>> {
+    let k = k.max(1);
+    pieces
+        .iter()
+        .map(|p| {
+            let n = p.len();
+            p.start + n * c / k..p.start + n * (c + 1) / k
+        })
+        .collect()
+}
+
 fn frame_count(r: &Range<usize>, per: usize) -> usize {
     r.len().div_ceil(per).max(1)
 }
@@ -167,6 +180,23 @@ mod tests {
     use super::*;
     use crate::algo::ring;
     use crate::topology::split;
+
+    #[test]
+    fn channel_slices_tile_every_piece() {
+        let pieces = [0..0, 0..1, 1..8, 8..1000, 1000..1003];
+        for k in 1..=5 {
+            let parts: Vec<_> = (0..k).map(|c| channel_pieces(&pieces, c, k)).collect();
+            for (i, p) in pieces.iter().enumerate() {
+                let mut at = p.start;
+                for part in &parts {
+                    assert_eq!(part[i].start, at, "k={k} piece {i}");
+                    at = part[i].end;
+                    assert!(part[i].len() <= p.len().div_ceil(k));
+                }
+                assert_eq!(at, p.end, "k={k} piece {i}");
+            }
+        }
+    }
 
     type Schedule = fn(usize, usize) -> Vec<RingStep>;
     const SCHEDULES: [(Schedule, Option<usize>); 3] = [

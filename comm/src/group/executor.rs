@@ -72,7 +72,13 @@ impl From<LaneTask<'_>> for OwnedLaneTask {
 
 impl OwnedLaneTask {
     /// Runs the task on `lane` (`code`, `seq`: the call a chain's frames carry).
-    async fn run(self, lane: &mut LaneLinks, code: u8, seq: u64) -> Result<(), LaneError> {
+    async fn run(
+        self,
+        lane: &mut LaneLinks,
+        code: u8,
+        seq: u64,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), LaneError> {
         match self {
             OwnedLaneTask::Ring { job, pieces, steps } => {
                 let job = RingJob {
@@ -80,14 +86,17 @@ impl OwnedLaneTask {
                     steps: &steps,
                     ..job
                 };
-                lane.ring(job).await
+                lane.ring(job, deadline).await
             }
             OwnedLaneTask::Chain {
                 buf,
                 pieces,
                 from,
                 to,
-            } => lane.chain(buf, &pieces, from, to, code, seq).await,
+            } => {
+                lane.chain(buf, &pieces, from, to, code, seq, deadline)
+                    .await
+            }
         }
     }
 }
@@ -238,13 +247,13 @@ impl Executor {
         let progress = lane.progress.clone();
         let t_lane = Instant::now();
         let sent_before = lane.sent.load(std::sync::atomic::Ordering::Relaxed);
-        let left = deadline.saturating_duration_since(Instant::now());
+        let until = tokio::time::Instant::from_std(deadline);
         let owned = OwnedLaneTask::from(task);
         let (code, seq) = (id.kind.code(), id.seq);
         // SAFETY (the buffer behind `RawBuf`): this thread blocks until the task has finished,
         // so the caller's buffer outlives every access the task makes.
         let handle = self.rt.spawn(async move {
-            let res = tokio::time::timeout(left, owned.run(&mut lane, code, seq)).await;
+            let res = owned.run(&mut lane, code, seq, until).await;
             (lane, res)
         });
         let res = match self.rt.block_on(handle) {
@@ -280,16 +289,16 @@ impl Executor {
             lane.describe(from)
         );
         let err = match res {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => CollectiveError::Failed {
+            Ok(()) => return Ok(()),
+            Err(LaneError::Failed(e)) => CollectiveError::Failed {
                 op: id.kind.name(),
                 seq: id.seq,
                 bytes,
                 rank: self.rank,
                 waiting_for,
-                source: Box::new(e.error),
+                source: Box::new(e),
             },
-            Err(_) => CollectiveError::Timeout {
+            Err(LaneError::TimedOut) => CollectiveError::Timeout {
                 op: id.kind.name(),
                 seq: id.seq,
                 bytes,

@@ -24,6 +24,9 @@ pub struct Node {
     pub(super) node: usize,
     pub(super) endpoint: Endpoint,
     pub(super) peers: Vec<Peer>,
+    /// The lanes' connections (peer node, connection): closed after the goodbye, so no data
+    /// in flight on them is cut off.
+    pub(super) links: Vec<(usize, quinn::Connection)>,
     pub(super) groups: Vec<ProcessGroup>,
     pub(super) runtime: Option<tokio::runtime::Runtime>,
     pub(super) shutdown_timeout: Duration,
@@ -69,6 +72,10 @@ impl Node {
             why.truncate(900); // a CONNECTION_CLOSE reason must fit in a packet
             ep2.close(VarInt::from_u32(close_code::FAILED), &why);
         });
+        let links: Vec<(usize, quinn::Connection)> = lanes
+            .iter()
+            .flat_map(|l| l.conns().map(|(n, c)| (n, c.clone())))
+            .collect();
         let mut lanes: Vec<Option<LaneLinks>> = lanes.into_iter().map(Some).collect();
         let mut groups = Vec::with_capacity(k);
         for local in 0..k {
@@ -105,6 +112,7 @@ impl Node {
             node,
             endpoint,
             peers,
+            links,
             groups,
             runtime: Some(runtime),
             shutdown_timeout: cfg.collective_timeout,
@@ -123,10 +131,27 @@ impl Node {
         &self.fingerprint
     }
 
-    /// The counters of this node's connection to every other node (path MTU, RTT, losses,
-    /// datagrams per system call), in node order.
+    /// The counters of this node's connections to every other node (path MTU, RTT, losses,
+    /// datagrams per system call; control and lane connections together), in node order.
     pub fn link_stats(&self) -> Vec<crate::rendezvous::LinkStats> {
-        self.peers.iter().map(rendezvous::Peer::stats).collect()
+        self.peers
+            .iter()
+            .map(|p| {
+                let lanes = self.links.iter().filter(|l| l.0 == p.node).map(|l| &l.1);
+                crate::rendezvous::LinkStats::of(p.node, std::iter::once(&p.conn).chain(lanes))
+            })
+            .collect()
+    }
+
+    /// The counters of each connection of this node apart: every peer's control connection,
+    /// in node order, then every lane connection (lane by lane, channel by channel).
+    pub fn connection_stats(&self) -> Vec<crate::rendezvous::LinkStats> {
+        let control = self.peers.iter().map(rendezvous::Peer::stats);
+        let lanes = self
+            .links
+            .iter()
+            .map(|(n, c)| crate::rendezvous::LinkStats::of(*n, [c]));
+        control.chain(lanes).collect()
     }
 
     /// The process groups of this node's ranks, in local-rank order (once).
@@ -143,6 +168,11 @@ impl Node {
         let within = self.shutdown_timeout;
         let res = rt.block_on(async {
             let r = rendezvous::goodbye(self.node, &mut self.peers, within).await;
+            // Both sides of every pair have said goodbye, so each has received all the lane
+            // data it expected: the lane connections can go.
+            for (_, c) in &self.links {
+                c.close(VarInt::from_u32(close_code::DONE), b"done");
+            }
             let _ = tokio::time::timeout(Duration::from_secs(3), self.endpoint.wait_idle()).await;
             r
         });
@@ -214,8 +244,8 @@ async fn connect(
         let (t, me, p0) = rendezvous::join(&ep, identity, cfg).await?;
         (t, me, vec![p0])
     };
-    let peers = rendezvous::mesh(&ep, identity, cfg, &table, me, peers).await?;
-    let lanes = rendezvous::open_lanes_inner(cfg, &table, me, &peers).await?;
+    let mut peers = rendezvous::mesh(&ep, identity, cfg, &table, me, peers).await?;
+    let lanes = rendezvous::open_lanes_inner(&ep, identity, cfg, &table, me, &mut peers).await?;
     Ok((ep, me, table, peers, lanes))
 }
 

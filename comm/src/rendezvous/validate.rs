@@ -36,6 +36,7 @@ pub fn check_hello(
         listen_ip,
         listen_port,
         devices,
+        ..
     } = hello
     else {
         return Err("expected a Hello message".into());

@@ -1,10 +1,11 @@
 //! QUIC between nodes: one connection per node pair (quinn, mutual TLS 1.3 pinned to the job
-//! certificate), and per connection one unidirectional stream per lane and direction. A lane is
-//! the cross-node ring of one local rank; its streams carry data frames (`wire`) that the
-//! receiver validates against the frame the schedule expects next.
+//! certificate) for control, and per lane and channel one more, with one unidirectional stream
+//! each way. A lane is the cross-node ring of one local rank, split over its channels; its
+//! streams carry data frames (`wire`) that the receiver validates against the frame the
+//! schedule expects next.
 //!
-//! This file builds the endpoint and describes connection errors; the lanes' ring and chain
-//! executors are `quic/lane.rs`.
+//! This file builds the endpoint and describes connection errors; a lane and its channels are
+//! `quic/lane.rs`, a channel's ring and chain executors `quic/chan.rs`.
 
 use crate::config::{Congestion, QuicTuning};
 use crate::error::TransportError;
@@ -152,6 +153,7 @@ pub fn describe_conn_error(e: &ConnectionError) -> String {
     }
 }
 
+mod chan;
 mod lane;
 
 pub(crate) use lane::{LaneError, LaneLinks, RawBuf, RingJob};

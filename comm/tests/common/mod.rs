@@ -23,12 +23,32 @@ pub fn cluster<T: Send + 'static>(
 pub type NodeOutcome<T> = Result<(Vec<T>, Vec<LinkStats>), Error>;
 
 /// As [`cluster`], with `tune` applied to every node's configuration; also returns each node's
-/// link counters taken after its ranks finished.
+/// link counters (one row per peer node) taken after its ranks finished.
 pub fn cluster_tuned<T: Send + 'static>(
     shape: &[usize],
     token: &str,
     tune: impl Fn(&mut NodeConfig) + Send + Sync + Clone + 'static,
     f: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
+) -> Vec<NodeOutcome<T>> {
+    cluster_with(shape, token, tune, f, Node::link_stats)
+}
+
+/// As [`cluster_tuned`], with one row of counters per connection ([`Node::connection_stats`]).
+pub fn cluster_each<T: Send + 'static>(
+    shape: &[usize],
+    token: &str,
+    tune: impl Fn(&mut NodeConfig) + Send + Sync + Clone + 'static,
+    f: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
+) -> Vec<NodeOutcome<T>> {
+    cluster_with(shape, token, tune, f, Node::connection_stats)
+}
+
+fn cluster_with<T: Send + 'static>(
+    shape: &[usize],
+    token: &str,
+    tune: impl Fn(&mut NodeConfig) + Send + Sync + Clone + 'static,
+    f: impl Fn(ProcessGroup) -> T + Send + Sync + Clone + 'static,
+    stats: fn(&Node) -> Vec<LinkStats>,
 ) -> Vec<NodeOutcome<T>> {
     let dir = tempdir();
     let addr_file = dir.join("addr");
@@ -73,7 +93,7 @@ pub fn cluster_tuned<T: Send + 'static>(
                     })
                     .collect();
                 let out = hs.into_iter().map(|h| h.join().unwrap()).collect();
-                let stats = node.link_stats();
+                let stats = stats(&node);
                 node.shutdown()?;
                 Ok((out, stats))
             },

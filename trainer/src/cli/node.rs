@@ -51,6 +51,11 @@ pub struct NodeArgs {
     /// local rank: each rank's inter-node transfers run there too).
     #[arg(long, default_value_t = 2)]
     pub net_threads: usize,
+    /// QUIC connections per lane and peer node: each rank's transfers to other nodes are split
+    /// over this many connections (1..=16), so their packet work and crypto use more cores.
+    /// Every node of a job must pass the same value.
+    #[arg(long, default_value_t = 1)]
+    pub channels: usize,
     /// QUIC congestion controller: cubic, bbr or newreno.
     #[arg(long, default_value = "cubic")]
     pub congestion: String,
@@ -91,6 +96,7 @@ impl NodeArgs {
             mtu: self.mtu,
             frame_bytes: self.frame_bytes,
             net_threads: self.net_threads,
+            channels: self.channels,
             congestion: self.congestion.clone(),
             addr_file: self.addr_file.clone(),
             fingerprint_file: self.fingerprint_file.clone(),

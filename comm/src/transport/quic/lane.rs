@@ -1,22 +1,19 @@
-//! A lane's streams and the executors that run on them. Which frames a pass sends and expects,
-//! with their headers and dependencies, is the pure plan of `algo::frames`; the executors only
-//! move them. Executing a ring step list runs a sender and a receiver concurrently on the
-//! lane: the receiver checks each header, reduces or copies the frame into the buffer as it
-//! arrives and publishes its progress; the sender forwards a frame as soon as the frame it
-//! depends on has landed. Frames (1 MiB by default) pipeline the ring the way NCCL's slices
-//! do.
+//! A lane: the cross-node ring of one local rank, over one or more channels (`chan.rs`), each
+//! its own QUIC connection to every peer node. A pass is split between the channels as NCCL
+//! splits it between its channels: channel c carries the c-th slice of every piece
+//! (`algo::frames::channel_pieces`), so the channels need nothing from each other and run as
+//! tasks of their own on the network runtime, on as many cores as it has.
 
-use super::{CLOSE_REASON_WAIT, close_code, describe_conn_error};
+use super::chan::Chan;
 use crate::algo::RingStep;
-use crate::algo::frames::{FrameCall, RingFrames, chain_frames};
-use crate::codec::{self, Apply};
-use crate::error::{TransportError, WireError};
-use crate::wire::{FRAME_HEADER_LEN, FrameHeader, WireDtype};
-use quinn::{Connection, ConnectionError, RecvStream, SendStream, VarInt};
+use crate::algo::frames::{FrameCall, RingFrames, chain_frames, channel_pieces};
+use crate::error::TransportError;
+use quinn::{Connection, RecvStream, SendStream};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::time::{Instant, timeout_at};
 
 /// A raw view of a rank's buffer shared by a lane's sender and receiver.
 #[derive(Clone, Copy)]
@@ -46,7 +43,7 @@ impl RawBuf {
 
     /// # Safety
     /// Nobody writes `r` while the slice lives.
-    unsafe fn read(&self, r: Range<usize>) -> &[f32] {
+    pub(super) unsafe fn read(&self, r: Range<usize>) -> &[f32] {
         assert!(r.end <= self.len);
         unsafe { std::slice::from_raw_parts(self.ptr.add(r.start), r.len()) }
     }
@@ -54,7 +51,7 @@ impl RawBuf {
     /// # Safety
     /// Nobody else reads or writes `r` while the slice lives.
     #[allow(clippy::mut_from_ref)]
-    unsafe fn write(&self, r: Range<usize>) -> &mut [f32] {
+    pub(super) unsafe fn write(&self, r: Range<usize>) -> &mut [f32] {
         assert!(r.end <= self.len);
         unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len()) }
     }
@@ -69,7 +66,7 @@ pub(crate) struct LaneProgress {
 }
 
 impl LaneProgress {
-    fn set(&self, step: u32, chunk: u32, from: usize) {
+    pub(super) fn set(&self, step: u32, chunk: u32, from: usize) {
         self.recv_step.store(step.into(), Ordering::Relaxed);
         self.recv_chunk.store(chunk.into(), Ordering::Relaxed);
         self.recv_from.store(from as u64, Ordering::Relaxed);
@@ -85,25 +82,44 @@ impl LaneProgress {
     }
 }
 
-/// A lane failure: what went wrong (the error names the node).
+/// A lane failure: what went wrong (the error names the node), or the deadline passed.
 #[derive(Debug)]
-pub(crate) struct LaneError {
-    pub error: TransportError,
+pub(crate) enum LaneError {
+    Failed(TransportError),
+    TimedOut,
 }
 
-/// The streams of one lane to and from every other node.
+/// What every channel of a lane shares: the lane's number, the peers' names for messages,
+/// where the lane stands and the bytes it sent.
+#[derive(Clone)]
+pub(crate) struct LaneCtx {
+    pub lane: usize,
+    names: Arc<HashMap<usize, String>>,
+    pub progress: Arc<LaneProgress>,
+    pub sent: Arc<AtomicU64>,
+}
+
+impl LaneCtx {
+    /// Human description of a peer node.
+    pub fn describe(&self, node: usize) -> String {
+        self.names
+            .get(&node)
+            .cloned()
+            .unwrap_or_else(|| format!("node {node}"))
+    }
+}
+
+/// The channels of one lane to and from every other node.
 pub(crate) struct LaneLinks {
     pub lane: usize,
-    send: HashMap<usize, SendStream>,
-    recv: HashMap<usize, RecvStream>,
-    peers: HashMap<usize, (Connection, String)>,
+    chans: Vec<Chan>,
+    /// Channels the lane was opened with (fewer in `chans` only after a channel's task died).
+    channels: usize,
     frame_elems: usize,
-    /// Encoded bytes of the frame being sent / received.
-    enc: Vec<u8>,
-    dec: Vec<u8>,
+    ctx: LaneCtx,
     pub progress: Arc<LaneProgress>,
     /// Bytes this lane has written to other nodes (frame headers included).
-    pub sent: Arc<std::sync::atomic::AtomicU64>,
+    pub sent: Arc<AtomicU64>,
 }
 
 /// One ring pass to execute on a lane.
@@ -123,167 +139,115 @@ pub(crate) struct RingJob<'a> {
 }
 
 impl LaneLinks {
-    pub fn new(lane: usize, frame_bytes: usize) -> Self {
+    pub fn new(lane: usize, frame_bytes: usize, channels: usize) -> Self {
+        let progress: Arc<LaneProgress> = Arc::default();
+        let sent: Arc<AtomicU64> = Arc::default();
+        let channels = channels.max(1);
         Self {
             lane,
-            send: HashMap::new(),
-            recv: HashMap::new(),
-            peers: HashMap::new(),
+            chans: (0..channels).map(|_| Chan::default()).collect(),
+            channels,
             frame_elems: frame_bytes / 4,
-            enc: Vec::new(),
-            dec: Vec::new(),
-            progress: Arc::default(),
-            sent: Arc::default(),
+            ctx: LaneCtx {
+                lane,
+                names: Arc::default(),
+                progress: progress.clone(),
+                sent: sent.clone(),
+            },
+            progress,
+            sent,
         }
     }
 
-    pub fn add_peer(&mut self, node: usize, conn: Connection, desc: String) {
-        self.peers.insert(node, (conn, desc));
-    }
-    pub fn add_send(&mut self, node: usize, s: SendStream) {
-        self.send.insert(node, s);
-    }
-    pub fn add_recv(&mut self, node: usize, r: RecvStream) {
-        self.recv.insert(node, r);
+    /// Names `node` for messages (at set-up).
+    pub fn add_peer(&mut self, node: usize, desc: String) {
+        Arc::make_mut(&mut self.ctx.names).insert(node, desc);
     }
 
-    /// The raw send stream of this lane to `node`, bypassing framing. Only for tests that play
-    /// a misbehaving peer.
+    /// Channel `chan`'s connection and streams to and from `node` (at set-up).
+    pub fn add_link(
+        &mut self,
+        chan: usize,
+        node: usize,
+        conn: Connection,
+        send: SendStream,
+        recv: RecvStream,
+    ) {
+        let c = &mut self.chans[chan];
+        c.conns.insert(node, conn);
+        c.send.insert(node, send);
+        c.recv.insert(node, recv);
+    }
+
+    /// The raw send stream of channel 0 of this lane to `node`, bypassing framing. Only for
+    /// tests that play a misbehaving peer.
     #[doc(hidden)]
     pub fn raw_send(&mut self, node: usize) -> Option<&mut SendStream> {
-        self.send.get_mut(&node)
+        self.chans.first_mut()?.send.get_mut(&node)
+    }
+
+    /// The connection of channel 0 of this lane to `node` (misbehaving-peer tests).
+    #[doc(hidden)]
+    pub fn raw_conn(&self, node: usize) -> Option<&Connection> {
+        self.chans.first()?.conns.get(&node)
+    }
+
+    /// Every connection of this lane, with its peer node.
+    pub fn conns(&self) -> impl Iterator<Item = (usize, &Connection)> {
+        self.chans
+            .iter()
+            .flat_map(|c| c.conns.iter().map(|(n, c)| (*n, c)))
     }
 
     /// Human description of a peer node.
     pub fn describe(&self, node: usize) -> String {
-        self.peers
-            .get(&node)
-            .map(|p| p.1.clone())
-            .unwrap_or_else(|| format!("node {node}"))
+        self.ctx.describe(node)
     }
 
-    fn lost(&self, node: usize, e: &ConnectionError) -> LaneError {
-        LaneError {
-            error: TransportError::Lost {
-                peer: self.describe(node),
-                reason: describe_conn_error(e),
-            },
+    /// Executes a ring step list by `deadline`: sends to `next`, receives from `prev`, each
+    /// channel its slice of every piece. What to send and expect, and when a send may go, is
+    /// `algo::frames`; the channels only move bytes.
+    pub async fn ring(&mut self, job: RingJob<'_>, deadline: Instant) -> Result<(), LaneError> {
+        let k = self.channels;
+        let per = self.frame_elems;
+        let plan = |c: usize| {
+            let pieces = channel_pieces(job.pieces, c, k);
+            RingFrames::new(
+                job.call,
+                job.steps,
+                &pieces,
+                per,
+                job.step_base,
+                job.round_step,
+            )
+        };
+        let (buf, dtype, next, prev) = (job.buf, job.call.dtype, job.next, job.prev);
+        if k == 1 {
+            let ctx = &self.ctx;
+            let Some(ch) = self.chans.first_mut() else {
+                return Err(self.broken());
+            };
+            let plan = plan(0);
+            let run = ch.ring(ctx, &plan, buf, dtype, next, prev);
+            return timeout_at(deadline, run)
+                .await
+                .unwrap_or(Err(LaneError::TimedOut));
         }
+        let plans: Vec<RingFrames> = (0..k).map(plan).collect();
+        self.on_channels(plans, move |mut ch, ctx, plan| async move {
+            let run = ch.ring(&ctx, &plan, buf, dtype, next, prev);
+            let r = timeout_at(deadline, run)
+                .await
+                .unwrap_or(Err(LaneError::TimedOut));
+            (ch, r)
+        })
+        .await
     }
 
-    fn protocol(&self, node: usize, e: WireError) -> LaneError {
-        if let Some((c, _)) = self.peers.get(&node) {
-            let reason = format!("protocol violation: {e}");
-            c.close(VarInt::from_u32(close_code::PROTOCOL), reason.as_bytes());
-        }
-        LaneError {
-            error: TransportError::Protocol {
-                peer: self.describe(node),
-                source: e,
-            },
-        }
-    }
-
-    /// A failed write. A stream the peer stopped usually means the peer node is failing and
-    /// its connection close, which carries the reason, is on its way: wait a moment for it.
-    async fn write_err(&self, node: usize, e: quinn::WriteError) -> LaneError {
-        if !matches!(e, quinn::WriteError::ConnectionLost(_))
-            && let Some((c, _)) = self.peers.get(&node)
-            && let Ok(closed) = tokio::time::timeout(CLOSE_REASON_WAIT, c.closed()).await
-        {
-            return self.lost(node, &closed);
-        }
-        match e {
-            quinn::WriteError::ConnectionLost(c) => self.lost(node, &c),
-            other => LaneError {
-                error: TransportError::Lost {
-                    peer: self.describe(node),
-                    reason: format!("lane stream write failed: {other}"),
-                },
-            },
-        }
-    }
-
-    /// A failed read. A stream that ended early (finished or reset) usually means the peer
-    /// node is failing and its connection close, which carries the reason, is on its way:
-    /// wait a moment for it and report that reason instead.
-    async fn read_err(&self, node: usize, e: quinn::ReadExactError) -> LaneError {
-        if !matches!(
-            e,
-            quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(_))
-        ) && let Some((c, _)) = self.peers.get(&node)
-            && let Ok(closed) = tokio::time::timeout(CLOSE_REASON_WAIT, c.closed()).await
-        {
-            return self.lost(node, &closed);
-        }
-        match e {
-            quinn::ReadExactError::ReadError(quinn::ReadError::ConnectionLost(c)) => {
-                self.lost(node, &c)
-            }
-            other => LaneError {
-                error: TransportError::Lost {
-                    peer: self.describe(node),
-                    reason: format!("lane stream read failed: {other}"),
-                },
-            },
-        }
-    }
-
-    fn missing(&self, node: usize) -> LaneError {
-        LaneError {
-            error: TransportError::Lost {
-                peer: self.describe(node),
-                reason: format!("no lane {} stream to this node", self.lane),
-            },
-        }
-    }
-
-    /// Executes a ring step list: sends to `next`, receives from `prev`, concurrently. What
-    /// to send and expect, and when a send may go, is `algo::frames`; this only moves bytes.
-    pub async fn ring(&mut self, job: RingJob<'_>) -> Result<(), LaneError> {
-        let dtype = job.call.dtype;
-        let plan = RingFrames::new(
-            job.call,
-            job.steps,
-            job.pieces,
-            self.frame_elems,
-            job.step_base,
-            job.round_step,
-        );
-        let (tx, rx) = tokio::sync::watch::channel(0usize);
-        if !self.send.contains_key(&job.next) {
-            return Err(self.missing(job.next));
-        }
-        if !self.recv.contains_key(&job.prev) {
-            return Err(self.missing(job.prev));
-        }
-        // Split borrows: the sender owns the send stream, the receiver the recv stream.
-        let LaneLinks {
-            send,
-            recv,
-            enc,
-            dec,
-            progress,
-            sent,
-            ..
-        } = self;
-        let send = send.get_mut(&job.next).expect("checked above");
-        let recv = recv.get_mut(&job.prev).expect("checked above");
-        let buf = job.buf;
-
-        let sender = send_frames(send, &plan, buf, dtype, enc, sent, rx);
-        let receiver = recv_frames(recv, &plan, buf, dtype, dec, progress, job.prev, tx);
-        match tokio::try_join!(sender, receiver) {
-            Ok(_) => Ok(()),
-            Err(Fail::Read(e)) => Err(self.read_err(job.prev, e).await),
-            Err(Fail::Wire(w)) => Err(self.protocol(job.prev, w)),
-            Err(Fail::Write(e)) => Err(self.write_err(job.next, e).await),
-        }
-    }
-
-    /// A chain broadcast of `pieces` (in order, as one stream of frames, `algo::frames`):
-    /// receive each frame from `from` (unless this node is the root), then forward it to `to`
-    /// (unless last).
+    /// A chain broadcast of `pieces` by `deadline` (in order, as one stream of frames per
+    /// channel, `algo::frames`): receive each frame from `from` (unless this node is the
+    /// root), then forward it to `to` (unless last).
+    #[allow(clippy::too_many_arguments)]
     pub async fn chain(
         &mut self,
         buf: RawBuf,
@@ -292,187 +256,98 @@ impl LaneLinks {
         to: Option<usize>,
         op: u8,
         seq: u64,
+        deadline: Instant,
     ) -> Result<(), LaneError> {
         // Broadcast spans the world only.
         let group = crate::op::Group::World.code();
-        let mut hb = [0u8; FRAME_HEADER_LEN];
-        for (fr, want) in chain_frames(op, group, seq, pieces, self.frame_elems) {
-            if let Some(p) = from {
-                self.progress.set(0, want.chunk, p);
-                if !self.recv.contains_key(&p) {
-                    return Err(self.missing(p));
-                }
-                let recv = self.recv.get_mut(&p).expect("checked");
-                if let Err(e) = recv.read_exact(&mut hb).await {
-                    return Err(self.read_err(p, e).await);
-                }
-                let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE)
-                    .and_then(|g| g.expect(&want).map(|()| g));
-                if let Err(w) = got {
-                    return Err(self.protocol(p, w));
-                }
-                // SAFETY: the chain touches one frame at a time, sequentially.
-                let dst = unsafe { buf.write(fr.clone()) };
-                let recv = self.recv.get_mut(&p).expect("checked");
-                if let Err(e) = recv.read_exact(bytemuck::cast_slice_mut(dst)).await {
-                    return Err(self.read_err(p, e).await);
-                }
-            }
-            if let Some(n) = to {
-                // SAFETY: as above.
-                let data = unsafe { buf.read(fr) };
-                let send = match self.send.get_mut(&n) {
-                    Some(s) => s,
-                    None => return Err(self.missing(n)),
-                };
-                let r = match send.write_all(&want.encode()).await {
-                    Ok(()) => send.write_all(bytemuck::cast_slice(data)).await,
-                    Err(e) => Err(e),
-                };
-                if let Err(e) = r {
-                    return Err(self.write_err(n, e).await);
-                }
-                tokio::task::yield_now().await;
-                self.sent.fetch_add(
-                    (crate::wire::FRAME_HEADER_LEN + data.len() * 4) as u64,
-                    std::sync::atomic::Ordering::Relaxed,
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-/// A ring pass's sending half: each frame once the frames it forwards have landed (the
-/// receiver counts them on `landed`), encoded in `dtype`.
-#[allow(clippy::too_many_arguments)]
-async fn send_frames(
-    send: &mut SendStream,
-    plan: &RingFrames,
-    buf: RawBuf,
-    dtype: WireDtype,
-    enc: &mut Vec<u8>,
-    sent: &AtomicU64,
-    mut landed: tokio::sync::watch::Receiver<usize>,
-) -> Result<(), Fail> {
-    for f in &plan.sends {
-        if f.after > 0 && landed.wait_for(|&c| c >= f.after).await.is_err() {
-            // The receiver is gone; try_join reports its error.
-            return Ok(());
-        }
-        // SAFETY: this frame's range is final (received or own) and the receiver writes only
-        // the current step's recv piece, which differs from it.
-        let data = unsafe { buf.read(f.range.clone()) };
-        let payload: &[u8] = if dtype == WireDtype::F32 {
-            bytemuck::cast_slice(data)
-        } else {
-            codec::encode(dtype, data, enc);
-            if f.round {
-                // SAFETY: as above; nothing else touches this piece meanwhile.
-                let own = unsafe { buf.write(f.range.clone()) };
-                codec::decode(dtype, enc, own, Apply::Set);
-            }
-            enc
-        };
-        send.write_all(&f.header.encode())
-            .await
-            .map_err(Fail::Write)?;
-        send.write_all(payload).await.map_err(Fail::Write)?;
-        // A write that fits quinn's send buffer completes without yielding; let the
-        // connection driver on this worker packetize between frames.
-        tokio::task::yield_now().await;
-        sent.fetch_add(
-            (crate::wire::FRAME_HEADER_LEN + payload.len()) as u64,
-            Ordering::Relaxed,
-        );
-    }
-    Ok(())
-}
-
-/// A ring pass's receiving half: each frame's header checked against the plan, its payload
-/// copied or added into its range; the count of landed frames published on `landed`.
-#[allow(clippy::too_many_arguments)]
-async fn recv_frames(
-    recv: &mut RecvStream,
-    plan: &RingFrames,
-    buf: RawBuf,
-    dtype: WireDtype,
-    dec: &mut Vec<u8>,
-    progress: &LaneProgress,
-    prev: usize,
-    landed: tokio::sync::watch::Sender<usize>,
-) -> Result<(), Fail> {
-    let mut hb = [0u8; FRAME_HEADER_LEN];
-    for (done, f) in plan.recvs.iter().enumerate() {
-        progress.set(f.header.step, f.header.chunk, prev);
-        recv.read_exact(&mut hb).await.map_err(Fail::Read)?;
-        let got = FrameHeader::decode(&hb, crate::op::OpKind::MAX_CODE).map_err(Fail::Wire)?;
-        f.check(&got).map_err(Fail::Wire)?;
-        // SAFETY: only the receiver touches the current recv piece.
-        let dst = unsafe { buf.write(f.range.clone()) };
-        match (f.apply, dtype) {
-            (Apply::Set, WireDtype::F32) => recv
-                .read_exact(bytemuck::cast_slice_mut(dst))
+        let k = self.channels;
+        let per = self.frame_elems;
+        let frames = |c| chain_frames(op, group, seq, &channel_pieces(pieces, c, k), per);
+        if k == 1 {
+            let ctx = &self.ctx;
+            let Some(ch) = self.chans.first_mut() else {
+                return Err(self.broken());
+            };
+            let frames = frames(0);
+            let run = ch.chain(ctx, buf, &frames, from, to);
+            return timeout_at(deadline, run)
                 .await
-                .map_err(Fail::Read)?,
-            // int8's scales lead its codes: decoded from the whole frame.
-            (_, WireDtype::Int8) => {
-                dec.resize(f.header.len as usize, 0);
-                recv.read_exact(dec).await.map_err(Fail::Read)?;
-                codec::decode(dtype, dec, dst, f.apply);
-            }
-            _ => recv_elems(recv, dtype, dst, f.apply, f.header.len as usize).await?,
+                .unwrap_or(Err(LaneError::TimedOut));
         }
-        landed.send_replace(done + 1);
+        let plans: Vec<_> = (0..k).map(frames).collect();
+        self.on_channels(plans, move |mut ch, ctx, frames| async move {
+            let run = ch.chain(&ctx, buf, &frames, from, to);
+            let r = timeout_at(deadline, run)
+                .await
+                .unwrap_or(Err(LaneError::TimedOut));
+            (ch, r)
+        })
+        .await
     }
-    Ok(())
-}
 
-/// Reads `len` bytes of element-wise `dtype` values (f32, f16, bf16) from `recv` chunk by
-/// chunk as quinn reassembled them, and applies each into `dst` as it arrives: no copy into a
-/// staging buffer (an element split between two chunks is carried over).
-async fn recv_elems(
-    recv: &mut RecvStream,
-    dtype: WireDtype,
-    dst: &mut [f32],
-    how: Apply,
-    len: usize,
-) -> Result<(), Fail> {
-    let es = codec::encoded_len(dtype, 1);
-    let (mut left, mut at) = (len, 0usize);
-    let mut carry = [0u8; 4];
-    let mut nc = 0usize;
-    while left > 0 {
-        let chunk = match recv.read_chunk(left, true).await {
-            Ok(Some(c)) => c.bytes,
-            Ok(None) => return Err(Fail::Read(quinn::ReadExactError::FinishedEarly(len - left))),
-            Err(e) => return Err(Fail::Read(quinn::ReadExactError::ReadError(e))),
-        };
-        left -= chunk.len();
-        let mut b = &chunk[..];
-        if nc > 0 {
-            let take = (es - nc).min(b.len());
-            carry[nc..nc + take].copy_from_slice(&b[..take]);
-            nc += take;
-            b = &b[take..];
-            if nc < es {
-                continue;
-            }
-            codec::decode(dtype, &carry[..es], &mut dst[at..at + 1], how);
-            at += 1;
+    /// Runs `work` on every channel with its plan, each as a task of its own on the network
+    /// runtime, and waits for all of them: a channel writes into the caller's buffer until
+    /// its task ends, so this never returns before every task has (each ends by its own
+    /// deadline). The first failure stops the other channels (their tasks drop their pass and
+    /// end; the lane is failed from then on) and is the one reported.
+    async fn on_channels<P, W, F>(&mut self, plans: Vec<P>, work: W) -> Result<(), LaneError>
+    where
+        P: Send + 'static,
+        W: Fn(Chan, LaneCtx, P) -> F,
+        F: std::future::Future<Output = (Chan, Result<(), LaneError>)> + Send + 'static,
+    {
+        if self.chans.len() != self.channels {
+            return Err(self.broken());
         }
-        let whole = b.len() / es;
-        codec::decode(dtype, &b[..whole * es], &mut dst[at..at + whole], how);
-        at += whole;
-        let rest = &b[whole * es..];
-        carry[..rest.len()].copy_from_slice(rest);
-        nc = rest.len();
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let mut tasks = tokio::task::JoinSet::new();
+        for (i, (ch, p)) in std::mem::take(&mut self.chans)
+            .into_iter()
+            .zip(plans)
+            .enumerate()
+        {
+            let run = work(ch, self.ctx.clone(), p);
+            let mut stop = stop_rx.clone();
+            tasks.spawn(async move {
+                tokio::select! {
+                    out = run => (i, Some(out)),
+                    _ = stop.wait_for(|s| *s) => (i, None),
+                }
+            });
+        }
+        let mut back: Vec<Option<Chan>> = (0..self.channels).map(|_| None).collect();
+        let mut failed: Option<LaneError> = None;
+        while let Some(done) = tasks.join_next().await {
+            let r = match done {
+                Ok((i, Some((ch, r)))) => {
+                    back[i] = Some(ch);
+                    r
+                }
+                // Stopped after another channel failed: that failure is the one reported.
+                Ok((_, None)) => Ok(()),
+                Err(e) => Err(LaneError::Failed(TransportError::Lost {
+                    peer: "every other node".into(),
+                    reason: format!("a lane channel task ended abnormally: {e}"),
+                })),
+            };
+            if let Err(e) = r {
+                if failed.is_none() {
+                    stop_tx.send_replace(true);
+                }
+                if matches!(failed, None | Some(LaneError::TimedOut)) {
+                    failed = Some(e);
+                }
+            }
+        }
+        self.chans = back.into_iter().flatten().collect();
+        failed.map_or(Ok(()), Err)
     }
-    Ok(())
-}
 
-enum Fail {
-    Read(quinn::ReadExactError),
-    Wire(WireError),
-    Write(quinn::WriteError),
+    /// A lane that lost a channel (its task died) cannot run another pass.
+    fn broken(&self) -> LaneError {
+        LaneError::Failed(TransportError::Lost {
+            peer: "every other node".into(),
+            reason: format!("lane {} lost a channel in an earlier call", self.lane),
+        })
+    }
 }
