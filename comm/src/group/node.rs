@@ -166,6 +166,9 @@ impl Node {
         self.groups.clear();
         let rt = self.runtime.take().expect("runtime present until shutdown");
         let within = self.shutdown_timeout;
+        for stats in self.link_stats() {
+            tracing::info!(?stats, "connection statistics (control and lanes)");
+        }
         let res = rt.block_on(async {
             let r = rendezvous::goodbye(self.node, &mut self.peers, within).await;
             // Both sides of every pair have said goodbye, so each has received all the lane

@@ -191,15 +191,6 @@ async fn accept_peers(
 pub async fn goodbye(me: usize, peers: &mut [Peer], within: Duration) -> Result<(), String> {
     let deadline = Instant::now() + within;
     let mut errors = Vec::new();
-    for p in peers.iter() {
-        let path = p.conn.stats().path;
-        tracing::info!(
-            stats = ?p.stats(),
-            mtu_probes = path.sent_plpmtud_probes,
-            mtu_probes_lost = path.lost_plpmtud_probes,
-            "connection statistics"
-        );
-    }
     let expect_goodbye = |r: Result<Result<Control, String>, tokio::time::error::Elapsed>| match r {
         Ok(Ok(Control::Goodbye)) => Ok(()),
         Ok(Ok(other)) => Err(format!("expected goodbye, got {other:?}")),
