@@ -1,7 +1,7 @@
 //! Every collective against a serial reference, over real QUIC sockets between real node
 //! processes (`wiretrain bench --local N --check`), for the node x rank shapes
 //! 1x1, 1x4, 2x1, 2x2, 3x1 and 4x2; sizes 0, 1, 7 and a prime above 1M elements with 100
-//! repeated calls each, plus 64 MiB; sum and mean.
+//! repeated calls each, plus 64 MiB; sum and mean; lanes over three channels.
 
 mod common;
 
@@ -110,4 +110,42 @@ fn p2p_rows_are_checked() {
         assert_eq!(r["wrong"], 0, "wrong elements in {r}");
         assert_eq!(r["nodes"], 3, "{r}");
     }
+}
+
+/// `--channels 3` between real node processes: each lane's passes split over three QUIC
+/// connections per peer, every collective and p2p still exact (3 nodes x 2 ranks, so every
+/// node dials and accepts lane links; sizes that leave some channels an empty slice).
+#[test]
+fn channels_between_processes() {
+    let mut args = vec![
+        "bench",
+        "--op",
+        "all-reduce,reduce-scatter,all-gather,broadcast,p2p",
+    ];
+    args.extend(["--bytes", "4,28,4000012", "--iters", "20", "--warmup", "0"]);
+    args.extend(["--check", "--json", "--channels", "3"]);
+    args.extend(["--local", "3", "--ranks-per-node", "2"]);
+    let rows = common::json_rows(&args, Duration::from_secs(300), 15);
+    for r in &rows {
+        assert_eq!(r["wrong"], 0, "wrong elements in {r}");
+        assert_eq!(r["nodes"], 3, "{r}");
+    }
+}
+
+/// A channel count out of range (or any bad transport flag) is refused by `bench --local`
+/// itself, once, before any node process starts, naming the flag.
+#[test]
+fn channel_count_out_of_range_is_refused() {
+    common::refused_each(&[
+        (&["bench", "--local", "2", "--channels", "0"], "--channels"),
+        (&["bench", "--local", "2", "--channels", "17"], "1..=16"),
+        (
+            &["bench", "--local", "2", "--net-threads", "0"],
+            "--net-threads",
+        ),
+        (
+            &["bench", "--local", "2", "--idle-timeout", "0"],
+            "--idle-timeout",
+        ),
+    ]);
 }

@@ -187,34 +187,41 @@ impl JobOptions {
         }
         cfg.rendezvous_timeout(self.rendezvous_timeout)
             .collective_timeout(self.collective_timeout);
-        cfg.quic()
-            .idle_timeout(self.idle_timeout)
+        self.tune(cfg.quic())?;
+        if let Some(v) = self.protocol_version_override {
+            cfg.protocol_version_override(v);
+        }
+        Ok(cfg)
+    }
+
+    /// Checks the transport flags (idle timeout, network threads, channels, congestion
+    /// controller, MTU bound, frame size) without a job: a launcher refuses bad ones before it
+    /// starts any node.
+    pub fn check_tuning(&self) -> Result<(), JobError> {
+        self.tune(&mut wiretrain_comm::QuicTuning::default())
+    }
+
+    /// Applies the transport flags to `q`.
+    fn tune(&self, q: &mut wiretrain_comm::QuicTuning) -> Result<(), JobError> {
+        let e = |what: &str, err: &dyn std::fmt::Display| JobError(format!("{what}: {err}"));
+        q.idle_timeout(self.idle_timeout)
             .map_err(|err| e("--idle-timeout", &err))?;
-        cfg.quic()
-            .net_threads(self.net_threads)
+        q.net_threads(self.net_threads)
             .map_err(|err| e("--net-threads", &err))?;
-        cfg.quic()
-            .channels(self.channels)
+        q.channels(self.channels)
             .map_err(|err| e("--channels", &err))?;
-        cfg.quic().congestion(
+        q.congestion(
             self.congestion
                 .parse()
                 .map_err(|err| e("--congestion", &err))?,
         );
         if let Some(m) = self.mtu {
-            cfg.quic()
-                .mtu_upper_bound(m)
-                .map_err(|err| e("--mtu", &err))?;
+            q.mtu_upper_bound(m).map_err(|err| e("--mtu", &err))?;
         }
         if let Some(f) = self.frame_bytes {
-            cfg.quic()
-                .frame_bytes(f)
-                .map_err(|err| e("--frame-bytes", &err))?;
+            q.frame_bytes(f).map_err(|err| e("--frame-bytes", &err))?;
         }
-        if let Some(v) = self.protocol_version_override {
-            cfg.protocol_version_override(v);
-        }
-        Ok(cfg)
+        Ok(())
     }
 
     /// (nodes, this node's rank if known, the coordinator's address): from the flags, else

@@ -129,6 +129,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         if nodes == 0 || nodes > 64 {
             usage!("--local: {nodes} is outside 1..=64");
         }
+        // Bad transport flags are refused here, once, before any node process starts.
+        if let Err(e) = args.node.options()?.check_tuning() {
+            usage!("{e}");
+        }
         let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
         let child = crate::cli::launcher::strip_flag(&argv, "--local");
         let target = crate::cli::launcher::Target {
