@@ -14,22 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::ckpt::{dir, flip_a_bit, launch_args, run_ok, s};
+use common::ckpt::{dir, flip_a_bit, launch_args, losses, run_ok, s};
 use common::read_f32;
-
-/// (step, loss) of every step line.
-fn losses(p: &Path) -> Vec<(usize, f64)> {
-    common::jsonl(p)
-        .into_iter()
-        .filter(|v| v.get("summary").is_none())
-        .map(|v| {
-            (
-                v["step"].as_u64().unwrap() as usize,
-                v["loss"].as_f64().unwrap(),
-            )
-        })
-        .collect()
-}
 
 /// `wiretrain export --checkpoint <ck> --out <out>`.
 fn export(ck: &Path, out: &Path) -> Output {
@@ -248,14 +234,7 @@ fn kill_during_a_checkpoint_write_keeps_the_previous_one_and_resumes_with_a_node
         "checkpoint write",
         || shard.exists(),
     );
-    let Some(victim) = common::node_pid(child.id(), 2) else {
-        let _ = child.kill();
-        let _ = child.wait();
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI=true: the launcher's children are not visible in /proc"
-        );
-        eprintln!("skipped: the launcher's children are not visible in /proc here");
+    let Some(victim) = common::ckpt::node_or_skip(&mut child, 2) else {
         return;
     };
     let killed_at = Instant::now();

@@ -194,6 +194,8 @@ pub struct NodeConfig {
     pub(crate) protocol_version_override: Option<u32>,
     /// The job's nonce, mixed into the job CA with the token (see [`NodeConfig::job_id`]).
     pub(crate) job_id: Option<String>,
+    /// The job's epoch: 0 at the start, one more at each elastic restart.
+    pub(crate) epoch: u64,
     /// Unit tests: (rank, seq) of the collective whose communication thread panics.
     #[cfg(test)]
     pub(crate) test_panic_at: Option<(usize, u64)>,
@@ -266,6 +268,7 @@ impl NodeConfig {
             quic: QuicTuning::default(),
             protocol_version_override: None,
             job_id: None,
+            epoch: 0,
             #[cfg(test)]
             test_panic_at: None,
         })
@@ -339,6 +342,14 @@ impl NodeConfig {
     /// another token.
     pub fn job_id(&mut self, id: impl Into<String>) -> &mut Self {
         self.job_id = Some(id.into());
+        self
+    }
+
+    /// The job's epoch (0 at the start; an elastic launcher counts its restarts here). The
+    /// coordinator refuses a node of another epoch, naming both: a stale process of an
+    /// earlier epoch never joins the job that replaced it.
+    pub fn epoch(&mut self, e: u64) -> &mut Self {
+        self.epoch = e;
         self
     }
 

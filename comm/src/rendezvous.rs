@@ -39,6 +39,9 @@ pub enum Control {
         /// must use the coordinator's.
         #[serde(default = "one_channel")]
         channels: usize,
+        /// The job epoch this node belongs to ([`NodeConfig::epoch`]).
+        #[serde(default)]
+        epoch: u64,
     },
     Welcome {
         node: usize,
@@ -217,7 +220,7 @@ pub async fn coordinate(
                 tokio::spawn(receive_hello(incoming, tx.clone()));
             }
             Some(a) = rx.recv() => {
-                if let Err((a, reason)) = joined.admit(a, version, cfg.nnodes, cfg.quic.channels) {
+                if let Err((a, reason)) = joined.admit(a, version, cfg) {
                     refusals.spawn(refuse_owned(a, reason));
                 }
             }
@@ -322,17 +325,23 @@ impl Joined {
         &mut self,
         a: Arrival,
         version: u32,
-        nnodes: usize,
-        channels: usize,
+        cfg: &NodeConfig,
     ) -> Result<(), (Arrival, String)> {
+        let (nnodes, channels, epoch) = (cfg.nnodes, cfg.quic.channels, cfg.epoch);
         let taken = |r: usize| self.by_rank.contains_key(&r);
-        if let Control::Hello { channels: c, .. } = &a.hello
-            && *c != channels
-        {
-            let reason = format!(
+        let mismatch = match &a.hello {
+            Control::Hello { epoch: e, .. } if *e != epoch => Some(format!(
+                "job epoch mismatch: this node is of epoch {e}, the job is at epoch {epoch} \
+                 (a stale process of an earlier epoch, or one started ahead of the job's \
+                 restart); stop it"
+            )),
+            Control::Hello { channels: c, .. } if *c != channels => Some(format!(
                 "channel count mismatch: the coordinator runs {channels} QUIC connection(s) per \
                  lane, the joining node {c}; pass the same --channels to every node"
-            );
+            )),
+            _ => None,
+        };
+        if let Some(reason) = mismatch {
             tracing::warn!(remote = %a.conn.remote_address(), "refused a node: {reason}");
             return Err((a, reason));
         }
@@ -494,6 +503,7 @@ fn own_hello(ep: &Endpoint, cfg: &NodeConfig) -> Result<Control, RendezvousError
         listen_port: local.port(),
         devices: cfg.devices.clone(),
         channels: cfg.quic.channels,
+        epoch: cfg.epoch,
     })
 }
 

@@ -171,6 +171,27 @@ fn channel_mismatch_is_refused() {
     );
 }
 
+/// A node of an earlier job epoch (a stale process after an elastic restart) is refused at
+/// rendezvous with a message that says so.
+#[test]
+fn stale_epoch_is_refused() {
+    let res = cluster_tuned(
+        &[1, 1],
+        "test-token",
+        |c| {
+            let e = if c.node_rank() == Some(0) { 2 } else { 1 };
+            c.epoch(e)
+                .rendezvous_timeout(std::time::Duration::from_secs(3));
+        },
+        |_| (),
+    );
+    let err = res[1].as_ref().expect_err("node 1 is refused").to_string();
+    assert!(
+        err.contains("epoch mismatch") && err.contains("epoch 1") && err.contains("stale"),
+        "{err}"
+    );
+}
+
 #[test]
 fn single_node_four_ranks() {
     check_shape(&[4], &[0, 4, 28, 4 * 1_000_003], 3);

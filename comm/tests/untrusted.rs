@@ -86,6 +86,7 @@ fn valid_messages() -> Vec<Vec<u8>> {
             listen_port: 4000,
             devices: vec!["cpu".into()],
             channels: 1,
+            epoch: 0,
         },
         Control::Refused { reason: "x".into() },
         Control::PeerHello {
@@ -128,6 +129,7 @@ fn hello(version: u32, node_rank: Option<usize>, nnodes: usize, ranks: usize) ->
         listen_port: 4000,
         devices: vec!["cpu".into(); ranks],
         channels: 1,
+        epoch: 0,
     }
 }
 

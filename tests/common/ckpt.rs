@@ -38,3 +38,33 @@ pub fn flip_a_bit(file: &Path) -> Vec<u8> {
 pub fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
+
+/// (step, loss) of every step line of a metrics file, in file order.
+pub fn losses(p: &Path) -> Vec<(usize, f64)> {
+    super::jsonl(p)
+        .into_iter()
+        .filter(|v| v.get("summary").is_none())
+        .map(|v| {
+            (
+                v["step"].as_u64().unwrap() as usize,
+                v["loss"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// The pid of node `n` of the launch `child`; `None` (the launch killed, a skip noted) where
+/// /proc does not show the launcher's children, which fails the test under CI=true.
+pub fn node_or_skip(child: &mut std::process::Child, n: usize) -> Option<u32> {
+    let pid = super::node_pid(child.id(), n);
+    if pid.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(
+            std::env::var("CI").is_err(),
+            "CI=true: the launcher's children are not visible in /proc"
+        );
+        eprintln!("skipped: the launcher's children are not visible in /proc here");
+    }
+    pid
+}

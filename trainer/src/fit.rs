@@ -79,6 +79,9 @@ pub struct FitOptions {
     pub balance: Balance,
     /// One JSON line per step and a summary (rank 0 writes it).
     pub metrics: Option<PathBuf>,
+    /// Add to --metrics instead of starting it afresh (an elastic restart continues the
+    /// file of the epochs before it).
+    pub append_metrics: bool,
     /// PNG of loss and throughput by step (rank 0).
     pub plot: Option<PathBuf>,
     /// Progress bar on rank 0's stderr (hidden when stderr is not a terminal).
@@ -91,6 +94,9 @@ pub struct FitOptions {
     /// The run's description (a JSON object: example, seed, lr, ...): stored in checkpoints
     /// and added to the summary line.
     pub meta: serde_json::Value,
+    /// More for the summary line only (a JSON object; not stored in checkpoints): e.g. the
+    /// restarts of an elastic launch.
+    pub report: serde_json::Value,
     /// What the plot's title calls the model.
     pub title: String,
     /// Raised to stop after the current step on every rank (e.g. [`crate::RankContext::stop`]).
@@ -106,12 +112,14 @@ impl FitOptions {
             accumulate: 1,
             balance: Balance::Equal,
             metrics: None,
+            append_metrics: false,
             plot: None,
             progress: true,
             checkpoint: None,
             trace: None,
             save_params: None,
             meta: serde_json::json!({}),
+            report: serde_json::json!({}),
             title: "model".into(),
             stop: None,
         }

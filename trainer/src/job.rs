@@ -31,6 +31,41 @@ pub mod env {
     pub const FINGERPRINT_FILE: &str = "WIRETRAIN_FINGERPRINT_FILE";
     /// The coordinator's certificate SHA-256: joiners pin it (set by `launch` for the others).
     pub const MASTER_SHA256: &str = "WIRETRAIN_MASTER_SHA256";
+    /// The job epoch: 0, then one more at each restart of an elastic launch.
+    pub const EPOCH: &str = "WIRETRAIN_EPOCH";
+    /// An elastic launch's restarts so far, as a JSON array (see `launch --max-restarts`).
+    pub const RESTARTS: &str = "WIRETRAIN_RESTARTS";
+}
+
+/// Where this process stands in an elastic launch (`wiretrain launch --max-restarts`): the
+/// job epoch (0 before any restart) and the restarts so far, as the launcher recorded them
+/// (a JSON array; each entry names the epoch it began, the nodes that left, the new world
+/// and when the failure was detected, in ms since the Unix epoch).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Elastic {
+    pub epoch: u64,
+    pub restarts: serde_json::Value,
+}
+
+impl Elastic {
+    /// From `WIRETRAIN_EPOCH` and `WIRETRAIN_RESTARTS`; `None` outside an elastic restart
+    /// (epoch 0 or unset). A program that resumes on its own reads this to know it must.
+    pub fn from_env() -> Result<Option<Self>, JobError> {
+        let get = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let epoch: u64 = match get(env::EPOCH) {
+            Some(v) => parse(env::EPOCH, &v)?,
+            None => return Ok(None),
+        };
+        if epoch == 0 {
+            return Ok(None);
+        }
+        let restarts = match get(env::RESTARTS) {
+            Some(v) => serde_json::from_str(&v)
+                .map_err(|e| JobError(format!("{}: not a JSON array: {e}", env::RESTARTS)))?,
+            None => serde_json::json!([]),
+        };
+        Ok(Some(Self { epoch, restarts }))
+    }
 }
 
 /// A job setting that cannot be used; the message names the setting and how to fix it.
@@ -174,6 +209,10 @@ impl JobOptions {
             });
         if let Some(j) = job_id {
             cfg.job_id(j);
+        }
+        // An elastic launch's restart number: nodes of another epoch refuse each other.
+        if let Some(v) = std::env::var(env::EPOCH).ok().filter(|v| !v.is_empty()) {
+            cfg.epoch(parse(env::EPOCH, &v)?);
         }
         if let Some(p) = &self.addr_file {
             cfg.addr_file(p.clone());

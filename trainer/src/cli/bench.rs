@@ -142,7 +142,13 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             ranks_per_node: args.node.ranks_per_node,
         };
         let grace = Duration::from_secs_f64(args.node.collective_timeout.clamp(1.0, 300.0) + 5.0);
-        return crate::cli::launcher::run_local(nodes, &target, grace).context("local launch");
+        return crate::cli::launcher::run_local(
+            nodes,
+            &target,
+            grace,
+            crate::cli::launcher::Elastic::none(nodes),
+        )
+        .context("local launch");
     }
     let cfg = args.node.config()?;
     let mut node = Node::join(cfg).context("joining the job")?;

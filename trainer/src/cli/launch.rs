@@ -5,7 +5,7 @@
 //! torchrun/Slurm environment: `srun wiretrain launch -- ./my-train`). Signals are passed on;
 //! the exit code is the failed node's.
 
-use crate::cli::launcher::{LaunchError, Target, exit_code, run_local, run_node};
+use crate::cli::launcher::{Elastic, LaunchError, Target, exit_code, run_local, run_node};
 use crate::cli::usage;
 use anyhow::Result;
 use clap::Args;
@@ -18,9 +18,17 @@ pub struct LaunchArgs {
     /// Node processes to start on this machine (127.0.0.1, 127.0.0.2, ...).
     #[arg(long)]
     pub local: Option<usize>,
-    /// Without --local: node processes in the whole job.
-    #[arg(long, requires = "master")]
-    pub nnodes: Option<usize>,
+    /// Node processes in the whole job (with --master). With --local N, `MIN:N` makes the
+    /// launch elastic: when a node is lost, the others restart without it as long as MIN
+    /// remain (see --max-restarts).
+    #[arg(long, value_name = "N|MIN:MAX")]
+    pub nnodes: Option<String>,
+    /// Restarts an elastic launch may make: after a node process dies (or any node fails),
+    /// every surviving node restarts from the newest checkpoint (`train` gets `--resume`; other
+    /// programs see WIRETRAIN_EPOCH and WIRETRAIN_RESTARTS), under a new job epoch. Local
+    /// launches only for now.
+    #[arg(long, default_value_t = 0)]
+    pub max_restarts: usize,
     /// Without --local: this machine's node rank (0 hosts the coordinator).
     #[arg(long, requires = "master")]
     pub node_rank: Option<usize>,
@@ -37,6 +45,46 @@ pub struct LaunchArgs {
     /// program and its arguments (e.g. `-- ./target/release/my-train --my-flag`).
     #[arg(last = true, required = true)]
     pub command: Vec<OsString>,
+}
+
+/// The elastic settings of a local launch of `n` nodes: `--nnodes MIN:n` (or `n`, or unset:
+/// no node may be lost) and `--max-restarts`. A `train` that restarts needs a checkpoint
+/// directory to resume from.
+fn elastic_of(args: &LaunchArgs, n: usize, target: &Target) -> Result<Elastic> {
+    let min = match args.nnodes.as_deref() {
+        None => n,
+        Some(v) => {
+            let (lo, hi) = v.split_once(':').unwrap_or((v, v));
+            match (lo.trim().parse::<usize>(), hi.trim().parse::<usize>()) {
+                (Ok(lo), Ok(hi)) if 1 <= lo && lo <= hi && hi == n => lo,
+                _ => usage!(
+                    "--nnodes {v}: with --local {n} give MIN:{n} (1 <= MIN <= {n}), the fewest \
+                     nodes the job may go on with"
+                ),
+            }
+        }
+    };
+    if args.max_restarts > 100 {
+        usage!("--max-restarts: {} is above 100", args.max_restarts);
+    }
+    let train = target.program.is_none() && target.args.first().is_some_and(|a| a == "train");
+    let has = |flag: &str| {
+        target
+            .args
+            .iter()
+            .any(|a| a.to_string_lossy().split('=').next() == Some(flag))
+    };
+    if args.max_restarts > 0 && train && !has("--checkpoint-dir") {
+        usage!(
+            "--max-restarts: `train` restarts from its newest checkpoint; give it \
+             --checkpoint-dir DIR and --checkpoint-every K"
+        );
+    }
+    Ok(Elastic {
+        min,
+        max_restarts: args.max_restarts,
+        resume_flag: train,
+    })
 }
 
 /// A node failed: the launcher exits with its code.
@@ -114,19 +162,36 @@ pub fn run(args: &LaunchArgs) -> Result<()> {
             if n == 0 || n > 64 {
                 usage!("--local: {n} is outside 1..=64");
             }
-            if args.master.is_some() {
-                usage!("--local starts every node here: it takes no --master/--nnodes/--node-rank");
+            if args.master.is_some() || args.node_rank.is_some() {
+                usage!("--local starts every node here: it takes no --master/--node-rank");
             }
-            run_local(n, &target, grace)
+            let elastic = elastic_of(args, n, &target)?;
+            run_local(n, &target, grace, elastic)
         }
         None => {
-            let job = match (&args.master, args.nnodes, args.node_rank) {
+            if args.max_restarts > 0 {
+                usage!(
+                    "--max-restarts: elastic restarts work with --local for now; across machines \
+                     restart the job with --resume"
+                );
+            }
+            let nnodes = match &args.nnodes {
+                Some(v) => match v.parse::<usize>() {
+                    Ok(n) => Some(n),
+                    Err(_) => usage!(
+                        "--nnodes {v}: a node count; MIN:MAX (elastic) works with --local for now"
+                    ),
+                },
+                None => None,
+            };
+            let job = match (&args.master, nnodes, args.node_rank) {
                 (Some(m), Some(n), Some(r)) if r < n => Some((n, r, m.clone())),
                 (Some(_), Some(n), Some(r)) => {
                     usage!("--node-rank {r} is not below --nnodes {n}")
                 }
                 (Some(_), _, _) => usage!("--master needs --nnodes and --node-rank"),
-                (None, _, _) => None,
+                (None, None, None) => None,
+                (None, _, _) => usage!("--nnodes and --node-rank need --master (or --local N)"),
             };
             run_node(&target, job).and_then(|st| {
                 if st.success() {

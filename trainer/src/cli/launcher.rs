@@ -21,6 +21,9 @@ use std::time::{Duration, Instant};
 use wiretrain::job::env;
 use wiretrain_comm::tls::Token;
 
+pub use super::elastic::Elastic;
+use super::elastic::{Restart, describe_restart, killed, strip_switch, unix_ms_at};
+
 /// Why a local launch failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -219,24 +222,82 @@ static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 /// and waits for all of them. When a node fails, the others get `grace` to notice and exit on
 /// their own before they are killed. Ctrl-C (or SIGTERM) is passed on to every node, which
 /// stop cleanly after their current step.
-pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), LaunchError> {
+///
+/// Elastic (`elastic.max_restarts` > 0): when an epoch fails, the nodes that were killed by a
+/// signal (not by this launcher after the grace period) are lost, and the others start again as a job of their own count, under the next
+/// epoch, as long as `elastic.min` remain and restarts are left; a usage error (exit 2) never
+/// restarts. When the restarts run out, the error lists every restart.
+pub fn run_local(
+    nodes: usize,
+    target: &Target,
+    grace: Duration,
+    elastic: Elastic,
+) -> Result<(), LaunchError> {
     let forward = || {
         for &pid in PIDS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             wiretrain::signal::terminate(pid);
         }
     };
     let stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
-    let launch = LocalLaunch::new(nodes, target)?;
-    let mut children = vec![launch.spawn(0, "127.0.0.1:0", None)?];
-    let master = launch.wait_for_master(&mut children[0])?;
-    launch.spawn_others(&mut children, &master)?;
-    let res = wait_all(children, grace);
-    PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();
-    let _ = std::fs::remove_dir_all(&launch.dir);
-    if stop.load(Ordering::SeqCst) {
-        return Err(LaunchError::Interrupted);
+    let mut history: Vec<Restart> = Vec::new();
+    let mut world = nodes;
+    loop {
+        let epoch = history.len();
+        let mut target = target.clone();
+        if epoch > 0 && elastic.resume_flag && !target.args.iter().any(|a| a == "--resume") {
+            target.args = strip_switch(&target.args, "--overwrite-checkpoints");
+            target.args.push("--resume".into());
+        }
+        let restarts = serde_json::to_string(&history).unwrap_or_else(|_| "[]".into());
+        let launch = LocalLaunch::new(world, &target, epoch, restarts)?;
+        let outcome = launch.run(grace);
+        PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let _ = std::fs::remove_dir_all(&launch.dir);
+        if stop.load(Ordering::SeqCst) {
+            return Err(LaunchError::Interrupted);
+        }
+        let (status, detected) = match outcome {
+            Ok(Ended { status, detected }) => (status, detected),
+            Err(e) => return Err(e),
+        };
+        let res = verdict(&status);
+        let Err(LaunchError::Failed { failures, code }) = res else {
+            return res;
+        };
+        let lost: Vec<usize> = (0..world)
+            .filter(|&i| status[i].is_some_and(killed))
+            .collect();
+        let usage = status.iter().flatten().any(|s| s.code() == Some(2));
+        let left = world - lost.len();
+        if history.len() >= elastic.max_restarts || usage || left < elastic.min.max(1) {
+            let mut failures = failures;
+            if !history.is_empty() {
+                let h: Vec<String> = history.iter().map(describe_restart).collect();
+                failures.push(format!(
+                    "after {} restart(s): {}",
+                    history.len(),
+                    h.join("; ")
+                ));
+            }
+            return Err(LaunchError::Failed { failures, code });
+        }
+        let r = Restart {
+            epoch: epoch + 1,
+            left: lost,
+            world: left,
+            reason: failures.join("; "),
+            detected_unix_ms: detected.map_or(0, unix_ms_at),
+            restarted_unix_ms: unix_ms_at(Instant::now()),
+        };
+        eprintln!(
+            "wiretrain launch: elastic restart {} of {}: {}",
+            history.len() + 1,
+            elastic.max_restarts,
+            describe_restart(&r)
+        );
+        history.push(r);
+        world = left;
     }
-    res
 }
 
 /// What every node process of one local launch is started with, and the files through which
@@ -244,6 +305,8 @@ pub fn run_local(nodes: usize, target: &Target, grace: Duration) -> Result<(), L
 struct LocalLaunch<'a> {
     nodes: usize,
     target: &'a Target,
+    epoch: usize,
+    restarts: String,
     exe: PathBuf,
     dir: PathBuf,
     addr_file: PathBuf,
@@ -253,7 +316,12 @@ struct LocalLaunch<'a> {
 }
 
 impl<'a> LocalLaunch<'a> {
-    fn new(nodes: usize, target: &'a Target) -> Result<Self, LaunchError> {
+    fn new(
+        nodes: usize,
+        target: &'a Target,
+        epoch: usize,
+        restarts: String,
+    ) -> Result<Self, LaunchError> {
         let exe = std::env::current_exe()?;
         let dir = temp_dir()?;
         let token = job_token();
@@ -265,6 +333,8 @@ impl<'a> LocalLaunch<'a> {
         Ok(Self {
             nodes,
             target,
+            epoch,
+            restarts,
             exe,
             addr_file: dir.join("master.addr"),
             fingerprint_file: dir.join("master.sha256"),
@@ -292,7 +362,9 @@ impl<'a> LocalLaunch<'a> {
             .target
             .command(&self.exe, self.nodes, node, master, place);
         c.env(env::TOKEN, &self.token)
-            .env(env::JOB_ID, &self.job_id);
+            .env(env::JOB_ID, &self.job_id)
+            .env(env::EPOCH, self.epoch.to_string())
+            .env(env::RESTARTS, &self.restarts);
         // Node 0 says which certificate it holds; the others pin exactly that one.
         if node == 0 {
             c.env(env::FINGERPRINT_FILE, &self.fingerprint_file);
@@ -306,6 +378,14 @@ impl<'a> LocalLaunch<'a> {
             .unwrap_or_else(|p| p.into_inner())
             .push(child.id());
         Ok(child)
+    }
+
+    /// Starts every node and waits for them all.
+    fn run(&self, grace: Duration) -> Result<Ended, LaunchError> {
+        let mut children = vec![self.spawn(0, "127.0.0.1:0", None)?];
+        let master = self.wait_for_master(&mut children[0])?;
+        self.spawn_others(&mut children, &master)?;
+        wait_all(children, grace)
     }
 
     /// Node 0's address, once it has written it; fails (removing the launch's directory) when
@@ -353,7 +433,15 @@ impl<'a> LocalLaunch<'a> {
     }
 }
 
-fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError> {
+/// How an epoch of a local launch ended: every node's exit status (`None`: it had to be
+/// killed after the grace period, or could not be waited for) and when the first failure was
+/// seen.
+struct Ended {
+    status: Vec<Option<ExitStatus>>,
+    detected: Option<Instant>,
+}
+
+fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<Ended, LaunchError> {
     let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let mut first_failure: Option<Instant> = None;
     loop {
@@ -376,20 +464,31 @@ fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<(), LaunchError
             for (i, c) in children.iter_mut().enumerate() {
                 if status[i].is_none() {
                     let _ = c.kill();
-                    status[i] = c.wait().ok();
+                    let _ = c.wait();
                 }
             }
             break;
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+    Ok(Ended {
+        status,
+        detected: first_failure,
+    })
+}
+
+/// What the nodes' exit statuses mean for the launch: success, a signal passed on, or the
+/// failures (the exit code that of the first failed node).
+fn verdict(status: &[Option<ExitStatus>]) -> Result<(), LaunchError> {
     let failures: Vec<String> = status
         .iter()
         .enumerate()
         .filter_map(|(i, s)| match s {
             Some(s) if s.success() => None,
             Some(s) => Some(format!("node {i} exited with {s}")),
-            None => Some(format!("node {i} did not exit")),
+            None => Some(format!(
+                "node {i} did not exit within the grace period (killed)"
+            )),
         })
         .collect();
     let code = status

@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod bench_compute;
 pub mod devices;
+pub mod elastic;
 pub mod export;
 pub mod launch;
 pub mod launcher;

@@ -23,6 +23,8 @@ pub(super) struct Record {
     /// share.
     split: Vec<[f64; 8]>,
     comm_total: f64,
+    /// Wall-clock time (ms since the Unix epoch) the first step of this process ended.
+    first_step_unix_ms: Option<u64>,
 }
 
 impl Record {
@@ -30,7 +32,12 @@ impl Record {
     pub fn open(run: &FitOptions, leader: bool) -> Result<Self, FitError> {
         let out = match (&run.metrics, leader) {
             (Some(p), true) => Some(std::io::BufWriter::new(
-                std::fs::File::create(p)
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .write(true)
+                    .append(run.append_metrics)
+                    .truncate(!run.append_metrics)
+                    .open(p)
                     .map_err(|e| io(format!("--metrics {}", p.display()), e))?,
             )),
             _ => None,
@@ -48,6 +55,7 @@ impl Record {
             points: Vec::with_capacity(run.steps),
             split: Vec::with_capacity(run.steps),
             comm_total: 0.0,
+            first_step_unix_ms: None,
         })
     }
 
@@ -65,6 +73,7 @@ impl Record {
     ) -> Result<(), FitError> {
         let samples_per_s = global_batch as f64 / (rep.step_ms / 1e3);
         self.comm_total += rep.comm_ms;
+        self.first_step_unix_ms.get_or_insert_with(unix_ms);
         self.points.push(PlotPoint {
             step,
             loss: rep.loss as f64,
@@ -234,7 +243,13 @@ impl Record {
             "shares": pace.shares,
             "speeds": pace.balancer.speeds(),
             "devices": crate::run::devices_of(trainer.process_group().table()),
+            "first_step_unix_ms": self.first_step_unix_ms,
         });
+        if let (Some(s), Some(r)) = (summary.as_object_mut(), run.report.as_object()) {
+            for (k, v) in r {
+                s.insert(k.clone(), v.clone());
+            }
+        }
         // The caller's description of the run (example, seed, ...) completes the summary.
         if let (Some(s), Some(m)) = (summary.as_object_mut(), run.meta.as_object()) {
             for (k, v) in m {
@@ -243,6 +258,13 @@ impl Record {
         }
         summary
     }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+pub(crate) fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn progress_bar(steps: usize, show: bool) -> ProgressBar {

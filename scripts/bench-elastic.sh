@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Elastic restart times (docs/RELIABILITY.md): RUNS times, an elastic local launch of 3 nodes
+# (ZeRO-2, the mlp example, a checkpoint every 10 steps) loses node 2 to kill -9 after 20
+# steps; prints, per run, the seconds from the kill to the launcher seeing a node fail, from
+# there to the new epoch's start (the survivors notice the lost peer within the idle timeout
+# and exit), from that start to the new epoch's first step (start-up, rendezvous, resharded
+# resume), the step resumed from and the steps lost, then the medians. Linux (/proc) only.
+#
+#   BIN=$CARGO_TARGET_DIR/debug/wiretrain scripts/bench-elastic.sh
+#
+# Env: BIN (default the release build), RUNS (default 5), IDLE (the nodes' --idle-timeout,
+#      default 3 s: how soon a killed node is noticed), DEVICE (default cpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
+RUNS=${RUNS:-5}
+IDLE=${IDLE:-3}
+DEVICE=${DEVICE:-cpu}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s"
+echo "run kill_to_detect_s detect_to_restart_s restart_to_first_step_s detect_to_first_step_s resumed_from steps_lost"
+for r in $(seq 1 "$RUNS"); do
+  d="$work/$r"; mkdir -p "$d"
+  "$BIN" launch --local 3 --nnodes 2:3 --max-restarts 1 -- train --example mlp --strategy zero2 \
+    --steps 300 --global-batch 24 --device "$DEVICE" --checkpoint-every 10 --checkpoint-keep 100 \
+    --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl" --idle-timeout "$IDLE" --no-progress \
+    2> "$d/err.txt" &
+  launcher=$!
+  for _ in $(seq 1 1200); do
+    [ -f "$d/m.jsonl" ] && [ "$(wc -l < "$d/m.jsonl")" -ge 20 ] && break
+    sleep 0.1
+  done
+  victim=
+  for p in $(cat "/proc/$launcher/task/$launcher/children"); do
+    if tr '\0' ' ' < "/proc/$p/cmdline" | grep -q -- '--node-rank 2 '; then victim=$p; fi
+  done
+  [ -n "$victim" ] || { echo "run $r: node 2 not found"; kill "$launcher"; exit 1; }
+  kill_ms=$(date +%s%3N)
+  kill -9 "$victim"
+  wait "$launcher" || { echo "run $r: the launch failed"; tail -5 "$d/err.txt"; exit 1; }
+  python3 - "$d/m.jsonl" "$kill_ms" "$r" <<'EOF'
+import json, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+steps = [l["step"] for l in lines if "summary" not in l]
+s = lines[-1]
+# Epoch 1 wrote the last 300 - resumed_from step lines; epoch 0 the ones before.
+cut = len(steps) - (300 - s["resumed_from"])
+r = s["elastic"]["restarts"][0]
+kill = int(sys.argv[2])
+d, t, f = r["detected_unix_ms"], r["restarted_unix_ms"], s["first_step_unix_ms"]
+print(sys.argv[3], f"{(d - kill) / 1e3:.2f}", f"{(t - d) / 1e3:.2f}", f"{(f - t) / 1e3:.2f}",
+      f"{(f - d) / 1e3:.2f}", s["resumed_from"], steps[cut - 1] + 1 - s["resumed_from"])
+EOF
+done | tee "$work/rows.txt"
+python3 - "$work/rows.txt" <<'EOF'
+import statistics, sys
+rows = [l.split() for l in open(sys.argv[1]) if l[0].isdigit()]
+col = lambda i: statistics.median(float(r[i]) for r in rows)
+print(f"median: kill->detect {col(1):.2f} s, detect->restart {col(2):.2f} s, "
+      f"restart->first step {col(3):.2f} s, detect->first step {col(4):.2f} s, steps lost {col(6):.0f}")
+EOF
