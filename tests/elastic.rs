@@ -13,10 +13,15 @@ use std::time::{Duration, Instant};
 /// `launch --local 3 <launch flags> -- train` of the mlp example (ZeRO-2, 300 steps, a
 /// checkpoint every 10, all kept, a 3 s idle timeout) with `extra` train flags.
 fn elastic_args(launch: &[&str], extra: &[&str]) -> Vec<String> {
+    elastic_steps("300", launch, extra)
+}
+
+/// [`elastic_args`] with `steps` steps.
+fn elastic_steps(steps: &str, launch: &[&str], extra: &[&str]) -> Vec<String> {
     let mut a = vec!["launch", "--local", "3"];
     a.extend_from_slice(launch);
     a.extend(["--", "train"]);
-    a.extend(common::mlp("zero2", "300", BATCH, "5", "cpu"));
+    a.extend(common::mlp("zero2", steps, BATCH, "5", "cpu"));
     a.extend(["--checkpoint-every", "10", "--checkpoint-keep", "100"]);
     a.extend(["--idle-timeout", "3"]);
     a.extend_from_slice(extra);
@@ -41,10 +46,17 @@ fn kill_node_2(args: &[String], m: &Path) -> Option<(std::process::ExitStatus, S
 #[test]
 fn a_killed_node_restarts_the_job_on_the_survivors_from_the_last_checkpoint() {
     let d = dir("elastic");
-    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let (ck, m, tr) = (d.join("ck"), d.join("m.jsonl"), d.join("trace"));
     let args = elastic_args(
         &["--nnodes", "2:3", "--max-restarts", "1"],
-        &["--checkpoint-dir", s(&ck), "--metrics", s(&m)],
+        &[
+            "--checkpoint-dir",
+            s(&ck),
+            "--metrics",
+            s(&m),
+            "--trace",
+            s(&tr),
+        ],
     );
     let Some((status, err, killed)) = kill_node_2(&args, &m) else {
         return;
@@ -84,6 +96,19 @@ fn a_killed_node_restarts_the_job_on_the_survivors_from_the_last_checkpoint() {
     assert!(
         killed.elapsed().as_secs_f64() <= 120.0,
         "the restarted job finishes in time"
+    );
+
+    // The new epoch's traces mark the restart.
+    let t: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tr.join("trace-rank0.json")).unwrap()).unwrap();
+    assert_eq!(t["otherData"]["elastic"]["epoch"], 1);
+    assert!(
+        t["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["cat"] == "elastic" && e["name"] == "elastic restart: epoch 1"),
+        "no restart marker in the trace"
     );
 
     // A manual resume on 2 nodes from that checkpoint follows the same curve.
@@ -128,6 +153,58 @@ fn a_launch_that_may_not_lose_the_node_fails_naming_it() {
     assert!(!status.success(), "{err}");
     assert!(err.contains("node 2 exited with signal: 9"), "{err}");
     assert!(!err.contains("elastic restart"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Whether process `pid` runs with `WIRETRAIN_EPOCH=<epoch>`.
+fn of_epoch(pid: u32, epoch: usize) -> bool {
+    let want = format!("WIRETRAIN_EPOCH={epoch}\0");
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|e| e.windows(want.len()).any(|w| w == want.as_bytes()))
+}
+
+/// Node 2 lost in epoch 0, then node 1 in epoch 1, with one restart allowed: the launch fails,
+/// naming the last failure and the restart before it.
+#[test]
+fn exhausted_restarts_fail_with_their_history() {
+    let d = dir("elastic-twice");
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let args = elastic_steps(
+        "5000",
+        &["--nnodes", "1:3", "--max-restarts", "1"],
+        &["--checkpoint-dir", s(&ck), "--metrics", s(&m)],
+    );
+    let mut child = common::spawn(&args, &[]);
+    common::wait_until(&mut child, Duration::from_secs(120), "20 steps", || {
+        common::line_count(&m) >= 20
+    });
+    let Some(victim) = common::ckpt::node_or_skip(&mut child, 2) else {
+        return;
+    };
+    common::signal(victim, "-9");
+    // Epoch 1 runs (its node 1 carries the new epoch) and has added steps to the metrics.
+    let (launcher, mut second) = (child.id(), None);
+    common::wait_until(&mut child, Duration::from_secs(60), "epoch 1", || {
+        second = common::node_pid(launcher, 1).filter(|&p| of_epoch(p, 1));
+        second.is_some()
+    });
+    let lines = common::line_count(&m);
+    common::wait_until(
+        &mut child,
+        Duration::from_secs(60),
+        "epoch 1's steps",
+        || common::line_count(&m) >= lines + 20,
+    );
+    common::signal(second.unwrap(), "-9");
+    let status = common::wait_exit_or(&mut child, Duration::from_secs(120), "the job hangs");
+    let err = common::stderr_of(&mut child);
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("elastic restart 1 of 1"), "{err}");
+    assert!(
+        err.contains("node 1 exited with signal: 9")
+            && err.contains("after 1 restart(s): epoch 1 on 2 node(s) without [2]"),
+        "{err}"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -159,6 +159,21 @@ fn another_job_with_the_same_token_is_refused() {
     assert!(ok0 && ok1, "{err0}\n{err1}");
 }
 
+/// A process of an earlier epoch of an elastic job (the same token and job id, an older
+/// `WIRETRAIN_EPOCH`, as a survivor of the epoch before a restart would have) is refused at
+/// rendezvous, with a message that says so.
+#[test]
+fn a_stale_process_of_an_earlier_epoch_is_refused() {
+    let e = "WIRETRAIN_EPOCH";
+    let ((ok0, err0), (ok1, err1)) = pair("epoch", (e, "2"), (e, "1"));
+    assert!(!ok0 && !ok1, "{err0}\n{err1}");
+    assert!(
+        err1.contains("job epoch mismatch: this node is of epoch 1, the job is at epoch 2")
+            && err1.contains("stale process of an earlier epoch"),
+        "node 1 stderr: {err1}"
+    );
+}
+
 #[test]
 fn protocol_version_mismatch_is_refused() {
     let d = tmp("version");

@@ -299,6 +299,21 @@ pub fn finish(dir: &Path, world: usize) -> std::io::Result<Option<std::path::Pat
         ),
     ];
     events.extend(rec.events);
+    // An elastic restart's process says so at the start of its timeline (an instant event
+    // that trace viewers draw as a marker) and in the trace's data.
+    let elastic = crate::job::Elastic::from_env().ok().flatten();
+    if let Some(el) = &elastic {
+        events.push(Event {
+            name: format!("elastic restart: epoch {}", el.epoch),
+            cat: "elastic".into(),
+            ph: "i".into(),
+            ts: 0.0,
+            dur: None,
+            pid: rec.node,
+            tid: rec.rank,
+            args: serde_json::json!({ "restarts": el.restarts }),
+        });
+    }
     let body = serde_json::json!({
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -310,6 +325,10 @@ pub fn finish(dir: &Path, world: usize) -> std::io::Result<Option<std::path::Pat
             "clock_accuracy_us": rec.accuracy_us,
             "dropped_events": rec.dropped,
             "device": rec.device,
+            "elastic": elastic.map(|e| serde_json::json!({
+                "epoch": e.epoch,
+                "restarts": e.restarts,
+            })),
         },
     });
     let path = dir.join(format!("trace-rank{}.json", rec.rank));
