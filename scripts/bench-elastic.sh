@@ -5,40 +5,66 @@
 # there to the new epoch's start (the survivors notice the lost peer within the idle timeout
 # and exit), from that start to the new epoch's first step (start-up, rendezvous, resharded
 # resume), the step resumed from and the steps lost, then the medians. Linux (/proc) only.
+# MODE=agents runs the same job as an elastic launch across machines instead: three agents
+# (`launch --nnodes 2:3 --master 127.0.0.1:PORT --host 127.0.0.x`), and kills agent 2 (its node
+# dies with it, as with its machine); "the launcher sees" is then the rendezvous host seeing
+# the first node fail or the agent fall silent.
 #
 #   BIN=$CARGO_TARGET_DIR/debug/wiretrain scripts/bench-elastic.sh
 #
 # Env: BIN (default the release build), RUNS (default 5), IDLE (the nodes' --idle-timeout,
-#      default 3 s: how soon a killed node is noticed), DEVICE (default cpu).
+#      default 3 s: how soon a killed node is noticed), DEVICE (default cpu), MODE (local or
+#      agents, default local).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
 RUNS=${RUNS:-5}
 IDLE=${IDLE:-3}
 DEVICE=${DEVICE:-cpu}
+MODE=${MODE:-local}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s"
+echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s; mode $MODE"
 echo "run kill_to_detect_s detect_to_restart_s restart_to_first_step_s detect_to_first_step_s resumed_from steps_lost"
 for r in $(seq 1 "$RUNS"); do
   d="$work/$r"; mkdir -p "$d"
-  "$BIN" launch --local 3 --nnodes 2:3 --max-restarts 1 -- train --example mlp --strategy zero2 \
-    --steps 300 --global-batch 24 --device "$DEVICE" --checkpoint-every 10 --checkpoint-keep 100 \
-    --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl" --idle-timeout "$IDLE" --no-progress \
-    2> "$d/err.txt" &
-  launcher=$!
+  train=(train --example mlp --strategy zero2 --steps 300 --global-batch 24 --device "$DEVICE"
+    --checkpoint-every 10 --checkpoint-keep 100 --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl"
+    --idle-timeout "$IDLE" --no-progress)
+  if [ "$MODE" = agents ]; then
+    export WIRETRAIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+    port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    agents=()
+    for i in 0 1 2; do
+      "$BIN" launch --nnodes 2:3 --max-restarts 1 --master "127.0.0.1:$port" \
+        --host "127.0.0.$((i + 1))" --join-window 10 -- "${train[@]}" 2> "$d/err$i.txt" &
+      agents+=($!)
+      sleep 0.5
+    done
+  else
+    "$BIN" launch --local 3 --nnodes 2:3 --max-restarts 1 -- "${train[@]}" 2> "$d/err.txt" &
+    launcher=$!
+  fi
   for _ in $(seq 1 1200); do
     [ -f "$d/m.jsonl" ] && [ "$(wc -l < "$d/m.jsonl")" -ge 20 ] && break
     sleep 0.1
   done
-  victim=
-  for p in $(cat "/proc/$launcher/task/$launcher/children"); do
-    if tr '\0' ' ' < "/proc/$p/cmdline" | grep -q -- '--node-rank 2 '; then victim=$p; fi
-  done
-  [ -n "$victim" ] || { echo "run $r: node 2 not found"; kill "$launcher"; exit 1; }
-  kill_ms=$(date +%s%3N)
-  kill -9 "$victim"
-  wait "$launcher" || { echo "run $r: the launch failed"; tail -5 "$d/err.txt"; exit 1; }
+  if [ "$MODE" = agents ]; then
+    kill_ms=$(date +%s%3N)
+    kill -9 "${agents[2]}"
+    for a in "${agents[0]}" "${agents[1]}"; do
+      wait "$a" || { echo "run $r: an agent failed"; tail -5 "$d"/err*.txt; exit 1; }
+    done
+  else
+    victim=
+    for p in $(cat "/proc/$launcher/task/$launcher/children"); do
+      if tr '\0' ' ' < "/proc/$p/cmdline" | grep -q -- '--node-rank 2 '; then victim=$p; fi
+    done
+    [ -n "$victim" ] || { echo "run $r: node 2 not found"; kill "$launcher"; exit 1; }
+    kill_ms=$(date +%s%3N)
+    kill -9 "$victim"
+    wait "$launcher" || { echo "run $r: the launch failed"; tail -5 "$d/err.txt"; exit 1; }
+  fi
   python3 - "$d/m.jsonl" "$kill_ms" "$r" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]

@@ -156,13 +156,6 @@ fn a_launch_that_may_not_lose_the_node_fails_naming_it() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// Whether process `pid` runs with `WIRETRAIN_EPOCH=<epoch>`.
-fn of_epoch(pid: u32, epoch: usize) -> bool {
-    let want = format!("WIRETRAIN_EPOCH={epoch}\0");
-    std::fs::read(format!("/proc/{pid}/environ"))
-        .is_ok_and(|e| e.windows(want.len()).any(|w| w == want.as_bytes()))
-}
-
 /// Node 2 lost in epoch 0, then node 1 in epoch 1, with one restart allowed: the launch fails,
 /// naming the last failure and the restart before it.
 #[test]
@@ -185,7 +178,7 @@ fn exhausted_restarts_fail_with_their_history() {
     // Epoch 1 runs (its node 1 carries the new epoch) and has added steps to the metrics.
     let (launcher, mut second) = (child.id(), None);
     common::wait_until(&mut child, Duration::from_secs(60), "epoch 1", || {
-        second = common::node_pid(launcher, 1).filter(|&p| of_epoch(p, 1));
+        second = common::node_pid(launcher, 1).filter(|&p| common::of_epoch(p, 1));
         second.is_some()
     });
     let lines = common::line_count(&m);
@@ -240,12 +233,29 @@ fn elastic_flags_are_checked_before_anything_starts() {
         "--master",
         "127.0.0.1:1",
     ]);
+    let m = "127.0.0.1:1";
+    let (g, h, k) = (
+        with(&["--nnodes", "2:3"]),
+        with(&["--nnodes", "3:2", "--master", m]),
+        with(&["--max-restarts", "1", "--master", m]),
+    );
+    let (l, n, o) = (
+        with(&["--nnodes", "2:3", "--master", m, "--join-window", "1000"]),
+        with(&["--nnodes", "2:3", "--master", m, "--max-restarts", "1"]),
+        with(&["--local", "2", "--host", "127.0.0.1"]),
+    );
     common::refused_each(&[
         (&a, "MIN:3"),
         (&b, "MIN:3"),
         (&c, "--checkpoint-dir"),
-        (&e, "MIN:MAX (elastic) works with --local"),
-        (&f, "--max-restarts: elastic restarts work with --local"),
+        (&e, "--node-rank: an elastic launch"),
+        (&f, "--node-rank: an elastic launch"),
+        (&g, "needs --master HOST:PORT"),
+        (&h, "--nnodes 3:2: an elastic launch needs MIN:MAX"),
+        (&k, "--nnodes (unset): an elastic launch needs MIN:MAX"),
+        (&l, "--join-window: 1000 is outside"),
+        (&n, "--checkpoint-dir"),
+        (&o, "--host"),
     ]);
 }
 

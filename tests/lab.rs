@@ -110,6 +110,50 @@ fn a_cut_link_stops_both_training_nodes_within_30_s() {
     assert!(err.contains("node 1") && err.contains("node 0"), "{text}");
 }
 
+/// Elastic launch across three namespaces (one agent each, `--nnodes 2:3`): the link of the
+/// third is cut mid-training (`ip link set down`). That is handled like its death: the two
+/// agents still connected restart without it under epoch 1, from the newest checkpoint, and
+/// finish; the cut agent fails within 30 s, having lost the rendezvous.
+#[test]
+fn a_cut_link_in_an_elastic_launch_is_handled_like_a_death() {
+    let _one = lab_lock();
+    let Some((out, text)) = lab("lab-elastic.sh", &[], &[("STEPS", "300"), ("CUT_AT", "20")])
+    else {
+        return;
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let exits: Vec<(i32, u64)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("# agent "))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w[2].parse().unwrap(), w[4].parse().unwrap())
+        })
+        .collect();
+    assert_eq!(exits.len(), 3, "{text}");
+    assert_eq!(
+        (exits[0].0, exits[1].0),
+        (0, 0),
+        "the two left finish: {text}"
+    );
+    assert_ne!(exits[2].0, 0, "the cut agent fails: {text}");
+    assert!(
+        exits[2].1 < 30_000,
+        "the cut agent took {} ms: {text}",
+        exits[2].1
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("lost the elastic rendezvous"), "{text}");
+    let summary: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap()).expect("the summary line");
+    assert_eq!(summary["world"], 2, "{summary}");
+    let r = &summary["elastic"]["restarts"][0];
+    assert_eq!(r["left"], serde_json::json!([2]), "{summary}");
+    assert_eq!(r["world"], 2, "{summary}");
+    let took = r["restarted_unix_ms"].as_u64().unwrap() - r["detected_unix_ms"].as_u64().unwrap();
+    assert!(took <= 30_000, "{took} ms");
+}
+
 /// The wiring lab end to end, smallest form: 2 namespaced nodes on a bridge, char-lm (1.6M
 /// parameters) with DDP unshaped and over a 50 Mbit/s tbf link; the planner, calibrated by
 /// `wiretrain bench` alone (`--op compute` for the compute rate, `--op p2p` for each link),

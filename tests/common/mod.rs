@@ -204,6 +204,13 @@ pub fn node_pid(launcher: u32, n: usize) -> Option<u32> {
         })
 }
 
+/// Whether process `pid` runs with `WIRETRAIN_EPOCH=<epoch>` (a node of that elastic epoch).
+pub fn of_epoch(pid: u32, epoch: usize) -> bool {
+    let want = format!("WIRETRAIN_EPOCH={epoch}\0");
+    std::fs::read(format!("/proc/{pid}/environ"))
+        .is_ok_and(|e| e.windows(want.len()).any(|w| w == want.as_bytes()))
+}
+
 /// Waits (bounded) for a child to exit; a hang kills it and fails the test.
 pub fn wait_exit(child: &mut Child, limit: Duration) -> ExitStatus {
     wait_exit_or(

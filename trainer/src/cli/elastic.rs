@@ -36,6 +36,8 @@ pub(super) struct Restart {
     pub epoch: usize,
     /// The nodes lost (numbered as in the epoch before).
     pub left: Vec<usize>,
+    /// The nodes that joined (numbered as in the new epoch).
+    pub joined: Vec<usize>,
     /// Nodes in the new epoch.
     pub world: usize,
     /// Why the epoch before ended.
@@ -48,9 +50,19 @@ pub(super) struct Restart {
 
 /// A restart in words.
 pub(super) fn describe_restart(r: &Restart) -> String {
+    let mut change = Vec::new();
+    if !r.left.is_empty() || r.joined.is_empty() {
+        change.push(format!("without {:?}", r.left));
+    }
+    if !r.joined.is_empty() {
+        change.push(format!("joined by {:?}", r.joined));
+    }
     format!(
-        "epoch {} on {} node(s) without {:?} ({})",
-        r.epoch, r.world, r.left, r.reason
+        "epoch {} on {} node(s) {} ({})",
+        r.epoch,
+        r.world,
+        change.join(", "),
+        r.reason
     )
 }
 

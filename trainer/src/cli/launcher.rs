@@ -46,6 +46,9 @@ pub enum LaunchError {
     Interrupted,
     #[error("{0}")]
     Signal(String),
+    /// The elastic rendezvous across machines failed (unreachable, refused, lost).
+    #[error("{0}")]
+    Rendezvous(String),
 }
 
 /// Removes `--flag VALUE` and `--flag=VALUE` from an argument list.
@@ -71,7 +74,7 @@ pub fn strip_flag(args: &[OsString], flag: &str) -> Vec<OsString> {
     out
 }
 
-fn temp_dir() -> std::io::Result<PathBuf> {
+pub(super) fn temp_dir() -> std::io::Result<PathBuf> {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
@@ -106,7 +109,7 @@ impl Target {
     /// The command of one node: the program and its arguments, and the job's variables
     /// (`nnodes`, `node`, `master`; node 0 writes its address to `addr_file`, the others bind
     /// `bind`).
-    fn command(
+    pub(super) fn command(
         &self,
         exe: &std::path::Path,
         nnodes: usize,
@@ -146,9 +149,22 @@ impl Target {
     }
 }
 
+impl Target {
+    /// The target of epoch `epoch` of an elastic launch: from epoch 1 on, with `resume`,
+    /// `train` resumes from the newest checkpoint (and no longer overwrites checkpoints).
+    pub(super) fn for_epoch(&self, epoch: usize, resume: bool) -> Target {
+        let mut t = self.clone();
+        if epoch > 0 && resume && !t.args.iter().any(|a| a == "--resume") {
+            t.args = strip_switch(&t.args, "--overwrite-checkpoints");
+            t.args.push("--resume".into());
+        }
+        t
+    }
+}
+
 /// Where a node listens.
 #[derive(Clone, Copy)]
-enum Place<'a> {
+pub(super) enum Place<'a> {
     /// Node 0 of a local job: bind the master address, write the port here.
     AddrFile(&'a std::path::Path),
     /// Another node of a local job.
@@ -243,11 +259,7 @@ pub fn run_local(
     let mut world = nodes;
     loop {
         let epoch = history.len();
-        let mut target = target.clone();
-        if epoch > 0 && elastic.resume_flag && !target.args.iter().any(|a| a == "--resume") {
-            target.args = strip_switch(&target.args, "--overwrite-checkpoints");
-            target.args.push("--resume".into());
-        }
+        let target = target.for_epoch(epoch, elastic.resume_flag);
         let restarts = serde_json::to_string(&history).unwrap_or_else(|_| "[]".into());
         let launch = LocalLaunch::new(world, &target, epoch, restarts)?;
         let outcome = launch.run(grace);
@@ -284,6 +296,7 @@ pub fn run_local(
         let r = Restart {
             epoch: epoch + 1,
             left: lost,
+            joined: Vec::new(),
             world: left,
             reason: failures.join("; "),
             detected_unix_ms: detected.map_or(0, unix_ms_at),

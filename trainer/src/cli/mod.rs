@@ -1,5 +1,6 @@
 //! The `wiretrain` command line: subcommands and the flags they share.
 
+pub mod agent;
 pub mod bench;
 pub mod bench_compute;
 pub mod devices;
@@ -9,6 +10,8 @@ pub mod launch;
 pub mod launcher;
 pub mod node;
 pub mod plan;
+pub mod rdzv;
+pub mod rdzv_host;
 pub mod report;
 pub mod traces;
 pub mod train;

@@ -1,0 +1,192 @@
+//! Elastic launches across machines, one `wiretrain launch` agent per machine, through the
+//! real binary (Burn's CPU backend, real QUIC between agents and between node processes, each
+//! agent on its own 127.0.0.x): three agents train ZeRO-2; one is killed with -9 (its node
+//! dies with it, as with its machine), the two left restart under epoch 1 from the newest
+//! checkpoint; an agent started again joins at the next restart point, the world grows back
+//! to 3 without a step lost, and the job finishes on every agent.
+
+mod common;
+
+use common::ckpt::{BATCH, dir, losses, s};
+use std::path::Path;
+use std::process::Child;
+use std::time::Duration;
+
+/// The job's secret, the same on every agent (as a user sets it on every machine).
+const TOKEN: (&str, &str) = (
+    "WIRETRAIN_TOKEN",
+    "3f6c1a9e8b7d2c4f5a6e7d8c9b0a1f2e3d4c5b6a7f8e9d0c1b2a3f4e5d6c7b8a",
+);
+
+/// A free UDP port on 127.0.0.1 for the rendezvous.
+fn free_port() -> u16 {
+    std::net::UdpSocket::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One agent, binding `host`, of `launch --nnodes 2:3 --max-restarts 2 --master master --
+/// train` (mlp, ZeRO-2, `steps` steps, a checkpoint every 10, a 3 s idle timeout).
+fn agent(master: &str, host: &str, steps: &str, extra: &[&str]) -> Child {
+    let mut a = vec!["launch", "--nnodes", "2:3", "--max-restarts", "2"];
+    a.extend(["--master", master, "--host", host, "--join-window", "10"]);
+    a.extend(["--grace", "10", "--", "train"]);
+    a.extend(common::mlp("zero2", steps, BATCH, "5", "cpu"));
+    a.extend(["--checkpoint-every", "10", "--checkpoint-keep", "100"]);
+    a.extend(["--idle-timeout", "3"]);
+    a.extend_from_slice(extra);
+    common::spawn(&a, &[TOKEN])
+}
+
+/// Waits for the agent `a` to run a node of `epoch`, then for `more` metrics lines in `m`.
+fn wait_epoch(a: &mut Child, epoch: usize, m: &Path, more: usize) {
+    let pid = a.id();
+    common::wait_until(
+        a,
+        Duration::from_secs(90),
+        &format!("epoch {epoch}"),
+        || (0..3).any(|n| common::node_pid(pid, n).is_some_and(|p| common::of_epoch(p, epoch))),
+    );
+    let lines = common::line_count(m);
+    common::wait_until(a, Duration::from_secs(90), "steps of the epoch", || {
+        common::line_count(m) >= lines + more
+    });
+}
+
+#[test]
+fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
+    if std::fs::metadata("/proc/self/task").is_err() {
+        common::skip_unless_ci("needs /proc to find the node processes");
+        return;
+    }
+    let d = dir("agents");
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let master = format!("127.0.0.1:{}", free_port());
+    let steps = "400";
+    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    let mut a = agent(&master, "127.0.0.1", steps, &extra);
+    // The first agent binds the rendezvous address and hosts it; nodes are numbered in the
+    // order the agents join.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut b = agent(&master, "127.0.0.2", steps, &extra);
+    std::thread::sleep(Duration::from_millis(500));
+    let c = agent(&master, "127.0.0.3", steps, &extra);
+    common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
+        common::line_count(&m) >= 20
+    });
+
+    // Machine C dies: its agent is killed, its node with it.
+    let c_node = common::node_pid(c.id(), 2).expect("agent C runs node 2");
+    common::signal(c.id(), "-9");
+    let mut c = c;
+    let _ = c.wait();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        !Path::new(&format!("/proc/{c_node}")).exists()
+            || std::fs::read_to_string(format!("/proc/{c_node}/stat"))
+                .is_ok_and(|st| st.contains(") Z ")),
+        "the node of a killed agent dies with it"
+    );
+    wait_epoch(&mut a, 1, &m, 10);
+
+    // C comes back: it joins at the next restart point and the world grows back to 3.
+    let mut c2 = agent(&master, "127.0.0.3", steps, &extra);
+    for (x, name) in [(&mut a, "A"), (&mut b, "B"), (&mut c2, "C again")] {
+        let st = common::wait_exit_or(x, Duration::from_secs(300), "the job hangs");
+        let err = common::stderr_of(x);
+        assert!(st.success(), "agent {name}: {st}: {err}");
+        if name == "A" {
+            eprintln!("agent A: {err}");
+            assert!(
+                err.contains("this agent hosts the elastic rendezvous"),
+                "{err}"
+            );
+            assert!(
+                err.contains("epoch 1 on 2 node(s) without [2]")
+                    && err.contains("epoch 2 on 3 node(s) joined by [2]"),
+                "{err}"
+            );
+        }
+    }
+
+    let summary = common::jsonl(&m).into_iter().last().unwrap();
+    assert_eq!(summary["world"], 3, "{summary}");
+    let el = &summary["elastic"];
+    eprintln!("restarts: {}", el["restarts"]);
+    assert_eq!(el["epoch"], 2, "{summary}");
+    let (r1, r2) = (&el["restarts"][0], &el["restarts"][1]);
+    assert_eq!(r1["left"], serde_json::json!([2]), "{summary}");
+    assert_eq!(r1["world"], 2, "{summary}");
+    assert_eq!(r2["left"], serde_json::json!([]), "{summary}");
+    assert_eq!(r2["joined"], serde_json::json!([2]), "{summary}");
+    assert_eq!(r2["world"], 3, "{summary}");
+    // The failure restart took at most 30 s from its detection to epoch 1's start.
+    let took = r1["restarted_unix_ms"].as_u64().unwrap() - r1["detected_unix_ms"].as_u64().unwrap();
+    assert!(took <= 30_000, "{took} ms");
+
+    // Every step ran; the growth lost none: epoch 1 stopped after a step and checkpointed it,
+    // and epoch 2 began at the step after it.
+    let all = losses(&m);
+    let start = summary["resumed_from"].as_u64().unwrap() as usize;
+    let total: usize = steps.parse().unwrap();
+    let (before, after) = all.split_at(all.len() - (total - start));
+    assert_eq!(
+        before.last().unwrap().0 + 1,
+        start,
+        "steps lost at the growth"
+    );
+    assert_eq!(
+        after.iter().map(|x| x.0).collect::<Vec<_>>(),
+        (start..total).collect::<Vec<_>>()
+    );
+    assert!(after.iter().all(|x| x.1.is_finite()));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The README's elastic launch across machines (three agents on 127.0.0.x), verbatim, with
+/// bash and this build's `wiretrain` first on PATH: the job finishes on every agent.
+#[test]
+fn the_readme_agent_commands_work_verbatim() {
+    let readme =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+    let block = readme
+        .split("## Elastic restarts")
+        .nth(1)
+        .and_then(|s| s.split("```sh").nth(2))
+        .and_then(|s| s.split("```").next())
+        .expect("README has the agents' commands in its elastic section");
+    let d = dir("agents-readme");
+    let bin_dir = Path::new(common::bin()).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // Every agent must succeed: the script's `wait` is followed by a check of each exit.
+    let script = block.replace(
+        "\nwait\n",
+        "\nfor p in $(jobs -p); do wait $p || exit 1; done\n",
+    );
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", &script])
+        .current_dir(&d)
+        .env("PATH", path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let st = common::wait_exit_or(&mut child, Duration::from_secs(300), "the agents hang");
+    let err = common::stderr_of(&mut child);
+    assert!(st.success(), "{err}");
+    assert!(
+        err.contains("this agent hosts the elastic rendezvous"),
+        "{err}"
+    );
+    assert!(
+        d.join("ckpt-agents").join("step-00000300").exists(),
+        "{err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}

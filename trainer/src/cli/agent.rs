@@ -1,0 +1,376 @@
+//! One machine's agent of an elastic launch across machines (`wiretrain launch --nnodes
+//! MIN:MAX --max-restarts R --master HOST:PORT -- ...` on every machine, as torchrun's
+//! agents): it joins the job's rendezvous at `--master` (and hosts it when that address is
+//! its own and free), then starts its node process for each epoch it is given, reports how
+//! it ended, and stops it when told. Its node dies with it (a machine lost takes its node
+//! along), and a node it cannot stop within the grace period is killed.
+
+use super::launcher::{LaunchError, Place, Target, exit_code, temp_dir};
+use super::rdzv::{self, NodeEnd, Start, ToAgent, ToHost};
+use super::rdzv_host::{Policy, host};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
+use std::process::{Child, Command};
+use std::sync::Mutex;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use wiretrain::job::env;
+use wiretrain_comm::tls::Token;
+
+/// One agent's settings.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The rendezvous, host:port.
+    pub master: String,
+    /// The address this machine's node binds (default: the one that routes to `master`).
+    pub host: Option<IpAddr>,
+    pub target: Target,
+    pub grace: Duration,
+    pub min: usize,
+    pub max: usize,
+    pub max_restarts: usize,
+    pub join_window: Duration,
+    /// Add `--resume` from epoch 1 on (this binary's `train`).
+    pub resume_flag: bool,
+}
+
+/// The running node's pid, which a signal to the agent is passed on to.
+static PID: Mutex<Option<u32>> = Mutex::new(None);
+
+/// Runs the agent until the job ends; `Ok` when it ended well.
+pub fn run_agent(o: &AgentOptions) -> Result<(), LaunchError> {
+    let bad = |m: String| LaunchError::Rendezvous(m);
+    let token = std::env::var(env::TOKEN)
+        .ok()
+        .filter(|t| !t.is_empty())
+        .or_else(|| {
+            std::env::var_os(env::TOKEN_FILE)
+                .and_then(|p| std::fs::read_to_string(p).ok())
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        })
+        .ok_or_else(|| {
+            bad(format!(
+                "an elastic launch across machines needs the job's secret: set {} (or {}) to \
+                 the same token on every machine",
+                env::TOKEN,
+                env::TOKEN_FILE
+            ))
+        })?;
+    let id = rdzv::identity(&Token::from(token)).map_err(bad)?;
+    let master = o
+        .master
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| bad(format!("--master {}: not a reachable host:port", o.master)))?;
+    let ip = match o.host {
+        Some(ip) => ip,
+        None => route_to(master).map_err(|e| {
+            bad(format!(
+                "no local address routes to {master} ({e}); give this machine's with --host"
+            ))
+        })?,
+    };
+    let forward = || {
+        if let Some(pid) = *PID.lock().unwrap_or_else(|p| p.into_inner()) {
+            wiretrain::signal::terminate(pid);
+        }
+    };
+    let stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        // The first agent to bind the rendezvous address hosts it.
+        let hosted = match rdzv::host_endpoint(master, &id) {
+            Ok(ep) => {
+                eprintln!("wiretrain launch: this agent hosts the elastic rendezvous at {master}");
+                let job_id = std::env::var(env::JOB_ID)
+                    .ok()
+                    .filter(|j| !j.is_empty())
+                    .unwrap_or_else(|| format!("elastic-{:016x}", rand::random::<u64>()));
+                Some(tokio::spawn(host(
+                    ep,
+                    Policy {
+                        min: o.min,
+                        max: o.max,
+                        max_restarts: o.max_restarts,
+                        join_window: o.join_window,
+                        gather_timeout: Duration::from_secs(600),
+                        grace: o.grace,
+                        job_id,
+                    },
+                )))
+            }
+            Err(_) => None,
+        };
+        let res = agent(o, &id, master, ip, &stop).await;
+        if let Some(h) = hosted {
+            // The host tells every other agent how the job ended before this process goes.
+            let _ = tokio::time::timeout(Duration::from_secs(15), h).await;
+        }
+        res
+    })
+}
+
+/// The local address this machine uses to reach `to` (no packet is sent).
+fn route_to(to: SocketAddr) -> std::io::Result<IpAddr> {
+    let any: SocketAddr = if to.is_ipv4() {
+        "0.0.0.0:0".parse().expect("an address")
+    } else {
+        "[::]:0".parse().expect("an address")
+    };
+    let s = std::net::UdpSocket::bind(any)?;
+    s.connect(to)?;
+    Ok(s.local_addr()?.ip())
+}
+
+/// This agent's node of one epoch.
+struct Node {
+    child: Child,
+    epoch: usize,
+    /// Node 0's files (address, certificate); `None` on the others or once reported.
+    report: Option<(PathBuf, PathBuf)>,
+    dir: Option<PathBuf>,
+    stop_at: Option<Instant>,
+}
+
+async fn agent(
+    o: &AgentOptions,
+    id: &wiretrain_comm::tls::JobIdentity,
+    master: SocketAddr,
+    ip: IpAddr,
+    stop: &std::sync::atomic::AtomicBool,
+) -> Result<(), LaunchError> {
+    let lost = |why: String| {
+        LaunchError::Rendezvous(format!("lost the elastic rendezvous at {master}: {why}"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let rdzv::Link {
+        conn,
+        mut send,
+        mut recv,
+    } = rdzv::dial(id, master, deadline)
+        .await
+        .map_err(LaunchError::Rendezvous)?;
+    let name = format!("{ip}/pid {}", std::process::id());
+    let join = ToHost::Join {
+        version: rdzv::VERSION,
+        name,
+        host: ip.to_string(),
+    };
+    rdzv::send(&mut send, &join).await.map_err(lost)?;
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        loop {
+            let m = rdzv::recv::<ToAgent>(&mut recv).await;
+            let end = m.is_err();
+            if tx.send(m).is_err() || end {
+                return;
+            }
+        }
+    });
+    let mut node: Option<Node> = None;
+    let res = loop {
+        let tick = tokio::time::sleep(Duration::from_millis(20));
+        let msg = tokio::select! {
+            m = rx.recv() => Some(m.unwrap_or_else(|| Err("the link closed".into()))),
+            () = tick => None,
+        };
+        match msg {
+            Some(Ok(ToAgent::Start(s))) => {
+                if let Some(mut n) = node.take() {
+                    end_node(&mut n);
+                }
+                match start_node(o, &s, ip) {
+                    Ok(n) => node = Some(n),
+                    Err(e) => {
+                        // A node that cannot start ends at once, as a failed one.
+                        let end = NodeEnd {
+                            status: format!("cannot start: {e}"),
+                            code: 1,
+                            success: false,
+                        };
+                        let m = ToHost::Exited {
+                            epoch: s.epoch,
+                            end,
+                        };
+                        rdzv::send(&mut send, &m).await.map_err(lost)?;
+                    }
+                }
+            }
+            Some(Ok(ToAgent::Stop { epoch, reason })) => {
+                if let Some(n) = node
+                    .as_mut()
+                    .filter(|n| n.epoch == epoch && n.stop_at.is_none())
+                {
+                    eprintln!("wiretrain launch: stopping node of epoch {epoch}: {reason}");
+                    wiretrain::signal::terminate(n.child.id());
+                    n.stop_at = Some(Instant::now());
+                }
+            }
+            Some(Ok(ToAgent::Done { code, message })) => {
+                break if code == 0 {
+                    Ok(())
+                } else {
+                    Err(LaunchError::Failed {
+                        failures: vec![message],
+                        code,
+                    })
+                };
+            }
+            Some(Ok(ToAgent::Refused { reason })) => {
+                break Err(LaunchError::Rendezvous(format!("refused: {reason}")));
+            }
+            Some(Err(why)) => {
+                let why = conn.close_reason().map_or(why, |e| {
+                    wiretrain_comm::transport::quic::describe_conn_error(&e)
+                });
+                break Err(lost(why));
+            }
+            None => {
+                if let Some(n) = node.as_mut()
+                    && let Some(m) = watch(n, o.grace)?
+                {
+                    let ended = matches!(m, ToHost::Exited { .. });
+                    rdzv::send(&mut send, &m).await.map_err(lost)?;
+                    if ended {
+                        node = None;
+                    }
+                }
+                if node.is_none() && stop.load(Ordering::SeqCst) {
+                    break Err(LaunchError::Interrupted);
+                }
+            }
+        }
+    };
+    if let Some(mut n) = node.take() {
+        end_node(&mut n);
+    }
+    reader.abort();
+    let _ = send.finish();
+    conn.close(0u32.into(), b"agent done");
+    res
+}
+
+/// Checks on the node: node 0's address once written (`Ready`), its end (`Exited`); kills it
+/// when a stop has taken longer than `grace`.
+fn watch(n: &mut Node, grace: Duration) -> Result<Option<ToHost>, LaunchError> {
+    if let Some(st) = n.child.try_wait()? {
+        *PID.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        if let Some(d) = n.dir.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+        let end = NodeEnd {
+            status: st.to_string(),
+            code: exit_code(st),
+            success: st.success(),
+        };
+        return Ok(Some(ToHost::Exited {
+            epoch: n.epoch,
+            end,
+        }));
+    }
+    if let Some((addr, fp)) = &n.report
+        && let Ok(a) = std::fs::read_to_string(addr)
+    {
+        let fingerprint = std::fs::read_to_string(fp)
+            .ok()
+            .map(|f| f.trim().to_string());
+        let m = ToHost::Ready {
+            epoch: n.epoch,
+            addr: a.trim().to_string(),
+            fingerprint,
+        };
+        n.report = None;
+        return Ok(Some(m));
+    }
+    if n.stop_at.is_some_and(|t| t.elapsed() > grace) {
+        let _ = n.child.kill();
+    }
+    Ok(None)
+}
+
+/// Kills the node and waits for it.
+fn end_node(n: &mut Node) {
+    let _ = n.child.kill();
+    let _ = n.child.wait();
+    *PID.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    if let Some(d) = n.dir.take() {
+        let _ = std::fs::remove_dir_all(d);
+    }
+}
+
+/// Starts this agent's node of `s`: node 0 binds `ip` and writes its address and certificate
+/// to files of its own; the others bind `ip` and pin node 0's certificate.
+fn start_node(o: &AgentOptions, s: &Start, ip: IpAddr) -> Result<Node, LaunchError> {
+    let exe = std::env::current_exe()?;
+    let target = o.target.for_epoch(s.epoch, o.resume_flag);
+    let bind = SocketAddr::new(ip, 0).to_string();
+    let dir = if s.master.is_none() {
+        Some(temp_dir()?)
+    } else {
+        None
+    };
+    let files = dir
+        .as_ref()
+        .map(|d| (d.join("master.addr"), d.join("master.sha256")));
+    let master = s.master.clone().unwrap_or_else(|| bind.clone());
+    let place = match &files {
+        Some((addr, _)) => Place::AddrFile(addr),
+        None => Place::Bind(&bind),
+    };
+    let mut c = target.command(&exe, s.world, s.node, &master, place);
+    c.env(env::JOB_ID, &s.job_id)
+        .env(env::EPOCH, s.epoch.to_string())
+        .env(env::RESTARTS, &s.restarts);
+    match (&files, &s.fingerprint) {
+        (Some((_, fp)), _) => {
+            c.env(env::FINGERPRINT_FILE, fp);
+        }
+        (None, Some(f)) => {
+            c.env(env::MASTER_SHA256, f);
+        }
+        (None, None) => {}
+    }
+    die_with_parent(&mut c);
+    let child = c.spawn().map_err(|source| LaunchError::Spawn {
+        node: s.node,
+        source,
+    })?;
+    *PID.lock().unwrap_or_else(|p| p.into_inner()) = Some(child.id());
+    eprintln!(
+        "wiretrain launch: epoch {}: node {} of {} started",
+        s.epoch, s.node, s.world
+    );
+    Ok(Node {
+        child,
+        epoch: s.epoch,
+        report: files,
+        dir,
+        stop_at: None,
+    })
+}
+
+/// The node is killed when its agent dies (Linux: the parent-death signal), as it would be
+/// with its machine.
+fn die_with_parent(c: &mut Command) {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
+        // parent; it runs in the child between fork and exec.
+        unsafe {
+            c.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = c;
+}

@@ -1,0 +1,178 @@
+//! The elastic launch across machines: the messages between the `wiretrain launch` agents
+//! (one per machine) and the agent that hosts the job's rendezvous, and the QUIC link they
+//! travel on. The link is TLS 1.3 with certificates from the job token (its own CA, apart
+//! from the node processes'), kept alive every second: a machine that dies or is cut off
+//! falls silent and counts as gone after [`LINK_IDLE`].
+
+use quinn::{Connection, Endpoint, RecvStream, SendStream};
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::{Instant, timeout, timeout_at};
+use wiretrain_comm::QuicTuning;
+use wiretrain_comm::tls::{JobIdentity, Mismatch, SERVER_NAME, Token};
+use wiretrain_comm::transport::quic;
+use wiretrain_comm::wire;
+
+/// The version of these messages; agents of another version are refused.
+pub const VERSION: u32 = 1;
+/// A link silent this long is gone (its agent's machine died or was cut off).
+pub const LINK_IDLE: Duration = Duration::from_secs(5);
+/// The longest a message may take to leave.
+const SEND_WITHIN: Duration = Duration::from_secs(5);
+
+/// From an agent to the host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum ToHost {
+    /// The first message: who the agent is and the address its node binds.
+    Join {
+        version: u32,
+        name: String,
+        host: String,
+    },
+    /// Node 0 of `epoch` listens at `addr` with the certificate `fingerprint`.
+    Ready {
+        epoch: usize,
+        addr: String,
+        fingerprint: Option<String>,
+    },
+    /// The agent's node process of `epoch` ended.
+    Exited { epoch: usize, end: NodeEnd },
+}
+
+/// How a node process ended.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeEnd {
+    /// The exit status in words ("exit status: 1", "signal: 9 (SIGKILL)").
+    pub status: String,
+    /// The exit code (128 + the signal when killed by one).
+    pub code: i32,
+    pub success: bool,
+}
+
+/// From the host to an agent.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "msg", rename_all = "snake_case")]
+pub enum ToAgent {
+    /// Start this agent's node of a new epoch.
+    Start(Start),
+    /// Stop the node of `epoch` (SIGTERM: it finishes its step, checkpoints and exits).
+    Stop { epoch: usize, reason: String },
+    /// The job is over: exit with `code`.
+    Done { code: i32, message: String },
+    /// This agent may not join.
+    Refused { reason: String },
+}
+
+/// One node of an epoch, as its agent starts it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Start {
+    pub epoch: usize,
+    /// Nodes in this epoch.
+    pub world: usize,
+    /// This agent's node number in it.
+    pub node: usize,
+    /// Node 0's address (`None`: this is node 0, which binds and reports its own).
+    pub master: Option<String>,
+    /// Node 0's certificate, which the others pin.
+    pub fingerprint: Option<String>,
+    /// The job's id (the same in every epoch; the epoch tells them apart).
+    pub job_id: String,
+    /// The restarts so far (JSON, as WIRETRAIN_RESTARTS).
+    pub restarts: String,
+}
+
+/// The rendezvous link's identity: a CA of its own from the job token, so that no node
+/// process of the job (nor any other holder of only a node certificate) can pose as an agent.
+pub fn identity(token: &Token) -> Result<JobIdentity, String> {
+    JobIdentity::for_job(token, Some("wiretrain elastic launch rendezvous v1"))
+        .map_err(|e| e.to_string())
+}
+
+fn tuning() -> QuicTuning {
+    let mut t = QuicTuning::default();
+    t.idle_timeout(LINK_IDLE).expect("a valid idle timeout");
+    t
+}
+
+/// The host's endpoint, bound to the rendezvous address (fails when another process holds
+/// it, or the address is not this machine's).
+pub fn host_endpoint(bind: SocketAddr, id: &JobIdentity) -> Result<Endpoint, String> {
+    quic::endpoint(bind, id, &tuning()).map_err(|e| e.to_string())
+}
+
+/// An agent's link to the host.
+pub struct Link {
+    pub conn: Connection,
+    pub send: SendStream,
+    pub recv: RecvStream,
+}
+
+/// Connects to the host at `addr`, retrying until `deadline` (it may not be up yet); a host
+/// of another job token is final.
+pub async fn dial(id: &JobIdentity, addr: SocketAddr, deadline: Instant) -> Result<Link, String> {
+    let bind: SocketAddr = if addr.is_ipv4() {
+        "0.0.0.0:0".parse().expect("an address")
+    } else {
+        "[::]:0".parse().expect("an address")
+    };
+    let ep = quic::endpoint(bind, id, &tuning()).map_err(|e| e.to_string())?;
+    let mut last;
+    loop {
+        let mismatch = Arc::new(Mismatch::default());
+        let client = id
+            .client_config(mismatch.clone(), None)
+            .map_err(|e| e.to_string())?;
+        let mut cc = quinn::ClientConfig::new(Arc::new(client));
+        cc.transport_config(Arc::new(quic::transport_config(&tuning())));
+        match ep.connect_with(cc, addr, SERVER_NAME) {
+            Ok(c) => match timeout_at(deadline, c).await {
+                Ok(Ok(conn)) => {
+                    let (send, recv) = timeout_at(deadline, conn.open_bi())
+                        .await
+                        .map_err(|_| "no stream by the deadline".to_string())?
+                        .map_err(|e| quic::describe_conn_error(&e))?;
+                    return Ok(Link { conn, send, recv });
+                }
+                Ok(Err(e)) if mismatch.job.load(Ordering::SeqCst) => {
+                    return Err(format!(
+                        "the rendezvous at {addr} is of another job token ({})",
+                        quic::describe_conn_error(&e)
+                    ));
+                }
+                Ok(Err(e)) => last = quic::describe_conn_error(&e),
+                Err(_) => last = "the handshake timed out".into(),
+            },
+            Err(e) => last = e.to_string(),
+        }
+        if Instant::now() + Duration::from_millis(250) >= deadline {
+            return Err(format!("cannot reach the rendezvous at {addr}: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Sends one message, within [`SEND_WITHIN`].
+pub async fn send<T: Serialize>(s: &mut SendStream, m: &T) -> Result<(), String> {
+    match timeout(SEND_WITHIN, s.write_all(&wire::encode_control(m))).await {
+        Ok(r) => r.map_err(|e| format!("send failed: {e}")),
+        Err(_) => Err(format!("send stalled for {SEND_WITHIN:?}")),
+    }
+}
+
+/// Reads one message (bounded in size; a dead peer ends it within [`LINK_IDLE`]).
+pub async fn recv<T: DeserializeOwned>(r: &mut RecvStream) -> Result<T, String> {
+    let mut p = [0u8; 4];
+    r.read_exact(&mut p)
+        .await
+        .map_err(|e| format!("read failed: {e}"))?;
+    let len = wire::control_len(p).map_err(|e| e.to_string())?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)
+        .await
+        .map_err(|e| format!("read failed: {e}"))?;
+    wire::decode_control(&body).map_err(|e| e.to_string())
+}

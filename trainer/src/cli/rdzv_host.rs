@@ -1,0 +1,551 @@
+//! The host of an elastic launch across machines: the agent that binds `--master` runs this
+//! beside its own agent. It gathers MIN..=MAX agents, numbers their nodes, starts each epoch
+//! (node 0 first, which reports its address; the others then dial it) and watches it:
+//!
+//! * every node ends well: the job is done;
+//! * a node fails or an agent falls silent: the others are stopped, and the agents still
+//!   there start the next epoch from the newest checkpoint (one restart of `--max-restarts`),
+//!   as long as MIN remain;
+//! * an agent joins while the world is below MAX: every node is stopped after its step (and
+//!   checkpoints), and the next epoch takes the newcomer in (not a restart: no node failed).
+//!
+//! When the job ends, every agent is told its exit code and the restarts so far.
+
+use super::elastic::{Restart, describe_restart, unix_ms_at};
+use super::rdzv::{self, Start, ToAgent, ToHost};
+use quinn::{Endpoint, SendStream};
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::{Instant, timeout};
+
+/// How an elastic launch may go on.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    pub min: usize,
+    pub max: usize,
+    pub max_restarts: usize,
+    /// After MIN agents are there, how long the first epoch waits for more (up to MAX).
+    pub join_window: Duration,
+    /// How long the first MIN agents may take to arrive.
+    pub gather_timeout: Duration,
+    /// How long a node gets to stop after it is told (its agent kills it then).
+    pub grace: Duration,
+    pub job_id: String,
+}
+
+/// What an agent's connection reports to the host's loop.
+enum Event {
+    Joined {
+        id: u64,
+        name: String,
+        host: String,
+        send: SendStream,
+    },
+    Msg {
+        id: u64,
+        msg: ToHost,
+    },
+    Gone {
+        id: u64,
+        why: String,
+    },
+}
+
+struct Agent {
+    name: String,
+    send: SendStream,
+    gone: Option<String>,
+}
+
+/// Where a member of the running epoch stands.
+#[derive(Clone)]
+enum Member {
+    /// Not started yet (the others wait for node 0's address).
+    Idle,
+    Running,
+    Ended,
+    Gone,
+}
+
+/// How an epoch ended.
+enum Outcome {
+    Finished,
+    /// Nodes failed; `detected` is when it was first seen. `last`: no restart may follow
+    /// (a usage error, or a node stopped by a signal, e.g. Ctrl-C on its machine).
+    Failed {
+        failures: Vec<String>,
+        code: i32,
+        last: bool,
+        detected: Instant,
+    },
+    /// Agents joined; the epoch was stopped to take them in.
+    Grow {
+        detected: Instant,
+    },
+}
+
+/// Runs the rendezvous on `ep` until the job ends; every agent is told how it ended.
+pub async fn host(ep: Endpoint, policy: Policy) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let accept = tokio::spawn(accept_loop(ep.clone(), tx));
+    let mut h = Host {
+        policy,
+        rx,
+        agents: BTreeMap::new(),
+        history: Vec::new(),
+        failures_restarted: 0,
+    };
+    let (code, message) = h.run().await;
+    for a in h.agents.values_mut().filter(|a| a.gone.is_none()) {
+        let _ = rdzv::send(
+            &mut a.send,
+            &ToAgent::Done {
+                code,
+                message: message.clone(),
+            },
+        )
+        .await;
+        let _ = a.send.finish();
+    }
+    // Let the last messages leave before the endpoint goes.
+    for a in h.agents.values_mut().filter(|a| a.gone.is_none()) {
+        let _ = timeout(Duration::from_secs(2), a.send.stopped()).await;
+    }
+    accept.abort();
+    ep.close(0u32.into(), b"done");
+}
+
+/// Accepts agents: each connection's first message must be a `Join` of this version.
+async fn accept_loop(ep: Endpoint, tx: mpsc::UnboundedSender<Event>) {
+    let mut next = 0u64;
+    while let Some(incoming) = ep.accept().await {
+        next += 1;
+        let (id, tx) = (next, tx.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(conn)) = timeout(Duration::from_secs(10), incoming).await else {
+                return;
+            };
+            let Ok(Ok((mut send, mut recv))) =
+                timeout(Duration::from_secs(10), conn.accept_bi()).await
+            else {
+                return;
+            };
+            let join = timeout(Duration::from_secs(10), rdzv::recv::<ToHost>(&mut recv)).await;
+            let (name, host) = match join {
+                Ok(Ok(ToHost::Join {
+                    version,
+                    name,
+                    host,
+                })) if version == rdzv::VERSION => (name, host),
+                Ok(Ok(ToHost::Join { version, .. })) => {
+                    let reason = format!(
+                        "this agent speaks version {version} of the elastic rendezvous, the \
+                         host {}: run the same wiretrain on every machine",
+                        rdzv::VERSION
+                    );
+                    let _ = rdzv::send(&mut send, &ToAgent::Refused { reason }).await;
+                    let _ = send.finish();
+                    let _ = timeout(Duration::from_secs(2), send.stopped()).await;
+                    return;
+                }
+                _ => return,
+            };
+            if tx
+                .send(Event::Joined {
+                    id,
+                    name,
+                    host,
+                    send,
+                })
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                match rdzv::recv::<ToHost>(&mut recv).await {
+                    Ok(msg) => {
+                        if tx.send(Event::Msg { id, msg }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(why) => {
+                        let why = conn.close_reason().map_or(why, |e| {
+                            wiretrain_comm::transport::quic::describe_conn_error(&e)
+                        });
+                        let _ = tx.send(Event::Gone { id, why });
+                        return;
+                    }
+                }
+            }
+        });
+    }
+}
+
+struct Host {
+    policy: Policy,
+    rx: mpsc::UnboundedReceiver<Event>,
+    agents: BTreeMap<u64, Agent>,
+    history: Vec<Restart>,
+    failures_restarted: usize,
+}
+
+impl Host {
+    /// Agents that are still there, in the order they joined.
+    fn alive(&self) -> Vec<u64> {
+        self.agents
+            .iter()
+            .filter(|(_, a)| a.gone.is_none())
+            .map(|(&id, _)| id)
+            .collect()
+    }
+
+    /// Takes in one event outside an epoch.
+    fn absorb(&mut self, ev: Event) {
+        match ev {
+            Event::Joined {
+                id,
+                name,
+                host,
+                send,
+            } => {
+                tracing::info!("elastic rendezvous: agent {name} ({host}) joined");
+                self.agents.insert(
+                    id,
+                    Agent {
+                        name,
+                        send,
+                        gone: None,
+                    },
+                );
+            }
+            Event::Gone { id, why } => {
+                if let Some(a) = self.agents.get_mut(&id) {
+                    a.gone = Some(why);
+                }
+            }
+            Event::Msg { .. } => {}
+        }
+    }
+
+    /// The job, epoch after epoch: `(exit code, message)` for every agent.
+    async fn run(&mut self) -> (i32, String) {
+        // The first epoch: MIN agents, then up to MAX within the join window.
+        let until = Instant::now() + self.policy.gather_timeout;
+        while self.alive().len() < self.policy.min {
+            match tokio::time::timeout_at(until, self.rx.recv()).await {
+                Ok(Some(ev)) => self.absorb(ev),
+                _ => {
+                    return (
+                        1,
+                        format!(
+                            "only {} of the {} agents the job needs joined the rendezvous within {:?}",
+                            self.alive().len(),
+                            self.policy.min,
+                            self.policy.gather_timeout
+                        ),
+                    );
+                }
+            }
+        }
+        let window = Instant::now() + self.policy.join_window;
+        while self.alive().len() < self.policy.max {
+            match tokio::time::timeout_at(window, self.rx.recv()).await {
+                Ok(Some(ev)) => self.absorb(ev),
+                _ => break,
+            }
+        }
+        let mut members: Vec<u64> = self.alive();
+        members.truncate(self.policy.max);
+        loop {
+            let epoch = self.history.len();
+            match self.epoch(epoch, &members).await {
+                Outcome::Finished => return (0, String::new()),
+                Outcome::Grow { detected } => {
+                    let before = members.clone();
+                    members = self.next_members(&before);
+                    let joined: Vec<usize> = (0..members.len())
+                        .filter(|&i| !before.contains(&members[i]))
+                        .collect();
+                    self.record(
+                        epoch + 1,
+                        &before,
+                        &members,
+                        joined,
+                        "agents joined".into(),
+                        detected,
+                    );
+                }
+                Outcome::Failed {
+                    failures,
+                    code,
+                    last,
+                    detected,
+                } => {
+                    let before = members.clone();
+                    let next = self.next_members(&before);
+                    if self.failures_restarted >= self.policy.max_restarts
+                        || last
+                        || next.len() < self.policy.min
+                    {
+                        let mut msg = failures;
+                        if next.len() < self.policy.min && !last {
+                            msg.push(format!(
+                                "{} agent(s) left, fewer than the {} the job needs",
+                                next.len(),
+                                self.policy.min
+                            ));
+                        }
+                        if !self.history.is_empty() {
+                            let h: Vec<String> =
+                                self.history.iter().map(describe_restart).collect();
+                            msg.push(format!(
+                                "after {} restart(s): {}",
+                                self.history.len(),
+                                h.join("; ")
+                            ));
+                        }
+                        return (code, msg.join("; "));
+                    }
+                    self.failures_restarted += 1;
+                    let joined: Vec<usize> = (0..next.len())
+                        .filter(|&i| !before.contains(&next[i]))
+                        .collect();
+                    members = next;
+                    self.record(
+                        epoch + 1,
+                        &before,
+                        &members,
+                        joined,
+                        failures.join("; "),
+                        detected,
+                    );
+                }
+            }
+        }
+    }
+
+    /// The next epoch's members: those of `before` still there, in their order, then the
+    /// agents waiting, in the order they joined, up to MAX.
+    fn next_members(&self, before: &[u64]) -> Vec<u64> {
+        let alive = self.alive();
+        let mut next: Vec<u64> = before
+            .iter()
+            .copied()
+            .filter(|id| alive.contains(id))
+            .collect();
+        next.extend(alive.iter().filter(|id| !before.contains(id)));
+        next.truncate(self.policy.max);
+        next
+    }
+
+    fn record(
+        &mut self,
+        epoch: usize,
+        before: &[u64],
+        after: &[u64],
+        joined: Vec<usize>,
+        reason: String,
+        detected: Instant,
+    ) {
+        let left: Vec<usize> = (0..before.len())
+            .filter(|&i| !after.contains(&before[i]))
+            .collect();
+        let r = Restart {
+            epoch,
+            left,
+            joined,
+            world: after.len(),
+            reason,
+            detected_unix_ms: unix_ms_at(detected.into_std()),
+            restarted_unix_ms: unix_ms_at(std::time::Instant::now()),
+        };
+        eprintln!(
+            "wiretrain launch: elastic restart (epoch {epoch}, {} of {} allowed after failures): {}",
+            self.failures_restarted,
+            self.policy.max_restarts,
+            describe_restart(&r)
+        );
+        self.history.push(r);
+    }
+
+    /// Runs epoch `epoch` on `members` (agent ids; node i is `members[i]`) to its end.
+    async fn epoch(&mut self, epoch: usize, members: &[u64]) -> Outcome {
+        let world = members.len();
+        let restarts = serde_json::to_string(&self.history).unwrap_or_else(|_| "[]".into());
+        let job_id = self.policy.job_id.clone();
+        let start = |node: usize, master: Option<String>, fingerprint: Option<String>| {
+            ToAgent::Start(Start {
+                epoch,
+                world,
+                node,
+                master,
+                fingerprint,
+                job_id: job_id.clone(),
+                restarts: restarts.clone(),
+            })
+        };
+        let mut state = vec![Member::Idle; world];
+        state[0] = Member::Running;
+        let mut watch = Watch::default();
+        // Node 0 first: it binds and reports its address.
+        let first = start(0, None, None);
+        self.tell(members[0], &first).await;
+        let ready_by = Instant::now() + Duration::from_secs(60);
+        let mut ready: Option<(String, Option<String>)> = None;
+        loop {
+            if ready.is_none() && watch.stopping.is_none() && Instant::now() > ready_by {
+                watch.fail("node 0 did not report its address within 60 s".into());
+            }
+            if let Some(o) = self.settle(&state, &watch) {
+                return o;
+            }
+            if watch.stopping.is_some() && !watch.told {
+                watch.told = true;
+                let reason = watch.reason.clone();
+                for (i, &id) in members.iter().enumerate() {
+                    if matches!(state[i], Member::Running) {
+                        let m = ToAgent::Stop {
+                            epoch,
+                            reason: reason.clone(),
+                        };
+                        self.tell(id, &m).await;
+                    }
+                }
+            }
+            let tick = tokio::time::sleep(Duration::from_millis(200));
+            let ev = tokio::select! {
+                ev = self.rx.recv() => ev,
+                () = tick => continue,
+            };
+            let Some(ev) = ev else {
+                return Outcome::Failed {
+                    failures: vec!["the rendezvous stopped accepting".into()],
+                    code: 1,
+                    last: true,
+                    detected: Instant::now(),
+                };
+            };
+            match ev {
+                Event::Msg {
+                    id,
+                    msg:
+                        ToHost::Ready {
+                            epoch: e,
+                            addr,
+                            fingerprint,
+                        },
+                } if e == epoch && id == members[0] && ready.is_none() => {
+                    ready = Some((addr.clone(), fingerprint.clone()));
+                    if watch.stopping.is_none() {
+                        for (i, &m) in members.iter().enumerate().skip(1) {
+                            let s = start(i, Some(addr.clone()), fingerprint.clone());
+                            if matches!(state[i], Member::Idle) {
+                                state[i] = Member::Running;
+                            }
+                            self.tell(m, &s).await;
+                        }
+                    }
+                }
+                Event::Msg {
+                    id,
+                    msg: ToHost::Exited { epoch: e, end },
+                } if e == epoch => {
+                    if let Some(i) = members.iter().position(|&m| m == id) {
+                        if !end.success && watch.stopping.is_none() {
+                            let name = &self.agents[&id].name;
+                            watch.fail(format!("node {i} ({name}) exited with {}", end.status));
+                            if watch.code == 0 {
+                                watch.code = end.code;
+                            }
+                            // A usage error fails again; a signal's stop is the user's.
+                            watch.last |=
+                                end.code == 2 || end.code == wiretrain::signal::INTERRUPTED_EXIT;
+                        }
+                        state[i] = Member::Ended;
+                    }
+                }
+                Event::Gone { id, why } => {
+                    if let Some(i) = members.iter().position(|&m| m == id) {
+                        let name = self.agents[&id].name.clone();
+                        if watch.stopping.is_none() {
+                            watch.fail(format!("node {i}'s agent {name} is gone ({why})"));
+                        }
+                        state[i] = Member::Gone;
+                    }
+                    self.absorb(Event::Gone { id, why });
+                }
+                ev @ Event::Joined { .. } => {
+                    self.absorb(ev);
+                    if world < self.policy.max && watch.stopping.is_none() {
+                        watch.stopping = Some(Instant::now());
+                        watch.grow = true;
+                        watch.reason =
+                            "an agent joined: the world grows at this restart point".into();
+                    }
+                }
+                Event::Msg { .. } => {}
+            }
+        }
+    }
+
+    /// The epoch's outcome once every member has ended or is gone (or the stop has taken
+    /// longer than any agent may: those still silent count as lost).
+    fn settle(&self, state: &[Member], w: &Watch) -> Option<Outcome> {
+        let running = state.iter().any(|s| matches!(s, Member::Running));
+        let overdue = w.stopping.is_some_and(|t| {
+            t.elapsed() > self.policy.grace + rdzv::LINK_IDLE * 2 + Duration::from_secs(5)
+        });
+        if running && !overdue {
+            return None;
+        }
+        let Some(detected) = w.stopping else {
+            // Everyone ended on their own, well (a failure would have set `stopping`).
+            return Some(Outcome::Finished);
+        };
+        if w.grow && w.failures.is_empty() {
+            return Some(Outcome::Grow { detected });
+        }
+        Some(Outcome::Failed {
+            failures: w.failures.clone(),
+            code: if w.code == 0 { 1 } else { w.code },
+            last: w.last,
+            detected,
+        })
+    }
+
+    /// Sends `m` to agent `id`; an agent that cannot be told counts as gone.
+    async fn tell(&mut self, id: u64, m: &ToAgent) {
+        let Some(a) = self.agents.get_mut(&id) else {
+            return;
+        };
+        if a.gone.is_some() {
+            return;
+        }
+        if let Err(e) = rdzv::send(&mut a.send, m).await {
+            a.gone = Some(e);
+        }
+    }
+}
+
+/// The epoch's stop in progress: when and why it began, and what failed.
+#[derive(Default)]
+struct Watch {
+    stopping: Option<Instant>,
+    told: bool,
+    grow: bool,
+    reason: String,
+    failures: Vec<String>,
+    code: i32,
+    last: bool,
+}
+
+impl Watch {
+    fn fail(&mut self, what: String) {
+        if self.stopping.is_none() {
+            self.stopping = Some(Instant::now());
+        }
+        self.reason = format!("a node failed: {what}");
+        self.failures.push(what);
+    }
+}
