@@ -22,12 +22,17 @@ master="$net.1:29400"
 m="$tmp/m.jsonl"
 pids=()
 for i in 0 1 2; do
-  ip netns exec "$(ns "$i")" timeout "$LIMIT" "$BIN" launch --nnodes 2:3 --max-restarts 1 \
-    --master "$master" --host "$net.$((i + 1))" --join-window 10 --grace 10 -- \
-    train --example mlp --strategy zero2 --steps "$STEPS" --global-batch 24 --lr 0.01 --seed 5 \
-    --device cpu --bucket-bytes 4096 --checkpoint-every 10 --checkpoint-keep 100 \
-    --checkpoint-dir "$tmp/ck" --metrics "$m" --idle-timeout 3 --no-progress \
-    >"$tmp/out$i" 2>"$tmp/err$i" &
+  # Each agent's exit code and time (ms) go to a file of its own as it exits.
+  (
+    rc=0
+    ip netns exec "$(ns "$i")" timeout "$LIMIT" "$BIN" launch --nnodes 2:3 --max-restarts 1 \
+      --master "$master" --host "$net.$((i + 1))" --join-window 10 --grace 10 -- \
+      train --example mlp --strategy zero2 --steps "$STEPS" --global-batch 24 --lr 0.01 \
+      --seed 5 --device cpu --bucket-bytes 4096 --checkpoint-every 10 --checkpoint-keep 100 \
+      --checkpoint-dir "$tmp/ck" --metrics "$m" --idle-timeout 3 --no-progress \
+      >"$tmp/out$i" 2>"$tmp/err$i" || rc=$?
+    echo "$rc $(date +%s%3N)" >"$tmp/rc$i"
+  ) &
   pids+=($!)
   # Agents join in order (node i is agent i); agent 0 hosts the rendezvous.
   sleep 0.5
@@ -41,8 +46,9 @@ cut=$(date +%s%3N)
 ip -n "$(ns 2)" link set eth0 down
 echo "# cut: namespace 2 at $cut ms"
 for i in 0 1 2; do
-  rc=0; wait "${pids[$i]}" || rc=$?
-  echo "# agent $i: exit $rc after $(( $(date +%s%3N) - cut )) ms"
+  wait "${pids[$i]}" || true
+  read -r rc at <"$tmp/rc$i"
+  echo "# agent $i: exit $rc after $(( at - cut )) ms"
 done
 for i in 0 1 2; do echo "== agent $i stderr" >&2; cat "$tmp/err$i" >&2; done
 tail -n 1 "$m"

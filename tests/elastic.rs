@@ -87,6 +87,10 @@ fn a_killed_node_restarts_the_job_on_the_survivors_from_the_last_checkpoint() {
     let r = &el["restarts"][0];
     assert_eq!(r["left"], serde_json::json!([2]), "{summary}");
     assert_eq!(r["world"], 2, "{summary}");
+    // The steps the failure cost: done in epoch 0 after the checkpoint, then again.
+    assert_eq!(el["recovery"], "checkpoint", "{summary}");
+    let lost = before.last().unwrap().0 + 1 - start;
+    assert_eq!(el["steps_lost"], lost, "{summary}");
     // Failure detected (the idle timeout of 3 s) and the first step of the new epoch.
     let detected = r["detected_unix_ms"].as_u64().unwrap();
     let first = summary["first_step_unix_ms"].as_u64().unwrap();

@@ -40,6 +40,16 @@ fn agent(master: &str, host: &str, steps: &str, extra: &[&str]) -> Child {
     common::spawn(&a, &[TOKEN])
 }
 
+/// Agents on 127.0.0.1, .2 and .3, started in that order: the first binds the rendezvous
+/// address and hosts it, and nodes are numbered in the order the agents join.
+fn three(master: &str, steps: &str, extra: &[&str]) -> [Child; 3] {
+    let a = agent(master, "127.0.0.1", steps, extra);
+    std::thread::sleep(Duration::from_millis(500));
+    let b = agent(master, "127.0.0.2", steps, extra);
+    std::thread::sleep(Duration::from_millis(500));
+    [a, b, agent(master, "127.0.0.3", steps, extra)]
+}
+
 /// Waits for the agent `a` to run a node of `epoch`, then for `more` metrics lines in `m`.
 fn wait_epoch(a: &mut Child, epoch: usize, m: &Path, more: usize) {
     let pid = a.id();
@@ -66,13 +76,7 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
     let master = format!("127.0.0.1:{}", free_port());
     let steps = "400";
     let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
-    let mut a = agent(&master, "127.0.0.1", steps, &extra);
-    // The first agent binds the rendezvous address and hosts it; nodes are numbered in the
-    // order the agents join.
-    std::thread::sleep(Duration::from_millis(500));
-    let mut b = agent(&master, "127.0.0.2", steps, &extra);
-    std::thread::sleep(Duration::from_millis(500));
-    let c = agent(&master, "127.0.0.3", steps, &extra);
+    let [mut a, mut b, c] = three(&master, steps, &extra);
     common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
         common::line_count(&m) >= 20
     });
@@ -137,6 +141,7 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
         start,
         "steps lost at the growth"
     );
+    assert_eq!(el["steps_lost"], 0, "{summary}");
     assert_eq!(
         after.iter().map(|x| x.0).collect::<Vec<_>>(),
         (start..total).collect::<Vec<_>>()
@@ -188,5 +193,61 @@ fn the_readme_agent_commands_work_verbatim() {
         d.join("ckpt-agents").join("step-00000300").exists(),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Ctrl-C (SIGINT) to one agent stops the job on every agent: its node stops after its step,
+/// the host ends the job (no restart), and every agent exits 130.
+#[test]
+fn a_signal_to_one_agent_stops_the_job_everywhere() {
+    let d = dir("agents-int");
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let master = format!("127.0.0.1:{}", free_port());
+    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    let [mut a, mut b, mut c] = three(&master, "100000000", &extra);
+    common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
+        common::line_count(&m) >= 20
+    });
+    common::signal(b.id(), "-INT");
+    for (x, name) in [(&mut a, "A"), (&mut b, "B"), (&mut c, "C")] {
+        let st = common::wait_exit_or(x, Duration::from_secs(60), "an agent goes on");
+        let err = common::stderr_of(x);
+        assert_eq!(st.code(), Some(130), "agent {name}: {err}");
+        assert!(!err.contains("elastic restart"), "agent {name}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// The agent hosting the rendezvous is lost: every other agent fails within 30 s, naming the
+/// lost rendezvous, and takes its node along.
+#[test]
+fn losing_the_rendezvous_host_fails_every_agent() {
+    let d = dir("agents-host");
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let master = format!("127.0.0.1:{}", free_port());
+    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    let [mut a, mut b, mut c] = three(&master, "100000000", &extra);
+    common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
+        common::line_count(&m) >= 20
+    });
+    let nodes = [common::node_pid(b.id(), 1), common::node_pid(c.id(), 2)];
+    common::signal(a.id(), "-9");
+    let _ = a.wait();
+    for (x, name) in [(&mut b, "B"), (&mut c, "C")] {
+        let st = common::wait_exit_or(x, Duration::from_secs(30), "an agent outlives its host");
+        let err = common::stderr_of(x);
+        assert!(!st.success(), "agent {name}: {err}");
+        assert!(
+            err.contains("lost the elastic rendezvous"),
+            "agent {name}: {err}"
+        );
+    }
+    for p in nodes.into_iter().flatten() {
+        let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+        assert!(
+            stat.is_empty() || stat.contains(") Z "),
+            "node {p} outlives its agent"
+        );
+    }
     let _ = std::fs::remove_dir_all(&d);
 }

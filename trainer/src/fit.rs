@@ -31,6 +31,9 @@ pub enum FitError {
     },
     #[error("plot: {0}")]
     Plot(String),
+    /// The job's environment is wrong (e.g. WIRETRAIN_RESTARTS is not JSON).
+    #[error(transparent)]
+    Job(#[from] crate::job::JobError),
 }
 
 impl From<crate::checkpoint::CheckpointError> for FitError {
@@ -79,8 +82,9 @@ pub struct FitOptions {
     pub balance: Balance,
     /// One JSON line per step and a summary (rank 0 writes it).
     pub metrics: Option<PathBuf>,
-    /// Add to --metrics instead of starting it afresh (an elastic restart continues the
-    /// file of the epochs before it).
+    /// Add to --metrics instead of starting it afresh (an epoch after an elastic restart,
+    /// `WIRETRAIN_EPOCH` > 0, always does: it continues the epochs before it, and its summary
+    /// gets an `elastic` entry).
     pub append_metrics: bool,
     /// PNG of loss and throughput by step (rank 0).
     pub plot: Option<PathBuf>,
@@ -94,8 +98,7 @@ pub struct FitOptions {
     /// The run's description (a JSON object: example, seed, lr, ...): stored in checkpoints
     /// and added to the summary line.
     pub meta: serde_json::Value,
-    /// More for the summary line only (a JSON object; not stored in checkpoints): e.g. the
-    /// restarts of an elastic launch.
+    /// More for the summary line only (a JSON object; not stored in checkpoints).
     pub report: serde_json::Value,
     /// What the plot's title calls the model.
     pub title: String,

@@ -103,10 +103,21 @@ pub fn run_agent(o: &AgentOptions) -> Result<(), LaunchError> {
                         gather_timeout: Duration::from_secs(600),
                         grace: o.grace,
                         job_id,
+                        stop: stop.clone(),
                     },
                 )))
             }
-            Err(_) => None,
+            Err(e) => {
+                // Another agent holds it (or it is not this machine's address): join that one.
+                tracing::debug!("not hosting the rendezvous at {master}: {e}");
+                if route_to(master).is_ok_and(|ip| ip == master.ip()) {
+                    eprintln!(
+                        "wiretrain launch: {master} is this machine's but taken ({e}); joining \
+                         the agent that holds it"
+                    );
+                }
+                None
+            }
         };
         let res = agent(o, &id, master, ip, &stop).await;
         if let Some(h) = hosted {
@@ -175,6 +186,9 @@ async fn agent(
         }
     });
     let mut node: Option<Node> = None;
+    // Since when this agent, stopped by a signal with its node ended, waits for the host's
+    // word (its last report must reach the host before the link closes).
+    let mut leaving: Option<Instant> = None;
     let res = loop {
         let tick = tokio::time::sleep(Duration::from_millis(20));
         let msg = tokio::select! {
@@ -186,20 +200,36 @@ async fn agent(
                 if let Some(mut n) = node.take() {
                     end_node(&mut n);
                 }
-                match start_node(o, &s, ip) {
-                    Ok(n) => node = Some(n),
-                    Err(e) => {
-                        // A node that cannot start ends at once, as a failed one.
-                        let end = NodeEnd {
-                            status: format!("cannot start: {e}"),
-                            code: 1,
-                            success: false,
-                        };
+                let started = if stop.load(Ordering::SeqCst) {
+                    // Stopped between epochs: this node ends before it starts.
+                    Err(NodeEnd {
+                        status: "stopped by a signal before it started".into(),
+                        code: wiretrain::signal::INTERRUPTED_EXIT,
+                        success: false,
+                    })
+                } else {
+                    start_node(o, &s, ip).map_err(|e| NodeEnd {
+                        status: format!("cannot start: {e}"),
+                        code: 1,
+                        success: false,
+                    })
+                };
+                match started {
+                    Ok(n) => {
+                        if stop.load(Ordering::SeqCst) {
+                            // The signal came while it started: pass it on.
+                            wiretrain::signal::terminate(n.child.id());
+                        }
+                        node = Some(n);
+                    }
+                    Err(end) => {
                         let m = ToHost::Exited {
                             epoch: s.epoch,
                             end,
                         };
-                        rdzv::send(&mut send, &m).await.map_err(lost)?;
+                        if let Err(e) = rdzv::send(&mut send, &m).await {
+                            break Err(lost(e));
+                        }
                     }
                 }
             }
@@ -233,17 +263,26 @@ async fn agent(
                 break Err(lost(why));
             }
             None => {
-                if let Some(n) = node.as_mut()
-                    && let Some(m) = watch(n, o.grace)?
-                {
-                    let ended = matches!(m, ToHost::Exited { .. });
-                    rdzv::send(&mut send, &m).await.map_err(lost)?;
-                    if ended {
-                        node = None;
+                if let Some(n) = node.as_mut() {
+                    let m = match watch(n, o.grace) {
+                        Ok(m) => m,
+                        Err(e) => break Err(e),
+                    };
+                    if let Some(m) = m {
+                        let ended = matches!(m, ToHost::Exited { .. });
+                        if let Err(e) = rdzv::send(&mut send, &m).await {
+                            break Err(lost(e));
+                        }
+                        if ended {
+                            node = None;
+                        }
                     }
                 }
                 if node.is_none() && stop.load(Ordering::SeqCst) {
-                    break Err(LaunchError::Interrupted);
+                    let since = *leaving.get_or_insert_with(Instant::now);
+                    if since.elapsed() > Duration::from_secs(10) {
+                        break Err(LaunchError::Interrupted);
+                    }
                 }
             }
         }
@@ -252,7 +291,9 @@ async fn agent(
         end_node(&mut n);
     }
     reader.abort();
+    // What was sent reaches the host before the link closes.
     let _ = send.finish();
+    let _ = tokio::time::timeout(Duration::from_secs(2), send.stopped()).await;
     conn.close(0u32.into(), b"agent done");
     res
 }
@@ -362,11 +403,16 @@ fn die_with_parent(c: &mut Command) {
     #[cfg(target_os = "linux")]
     {
         use std::os::unix::process::CommandExt;
-        // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the
-        // parent; it runs in the child between fork and exec.
+        let agent = std::process::id() as libc::pid_t;
+        // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid are async-signal-safe and touch no
+        // memory of the parent; they run in the child between fork and exec.
         unsafe {
-            c.pre_exec(|| {
+            c.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                // The agent died before the signal was armed: do not run without it.
+                if libc::getppid() != agent {
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+                }
                 Ok(())
             });
         }

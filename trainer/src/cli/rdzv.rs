@@ -1,8 +1,8 @@
 //! The elastic launch across machines: the messages between the `wiretrain launch` agents
 //! (one per machine) and the agent that hosts the job's rendezvous, and the QUIC link they
 //! travel on. The link is TLS 1.3 with certificates from the job token (its own CA, apart
-//! from the node processes'), kept alive every second: a machine that dies or is cut off
-//! falls silent and counts as gone after [`LINK_IDLE`].
+//! from the node processes'), with QUIC keep-alives: a machine that dies or is cut off falls
+//! silent and counts as gone after [`LINK_IDLE`].
 
 use quinn::{Connection, Endpoint, RecvStream, SendStream};
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
@@ -85,8 +85,9 @@ pub struct Start {
     pub restarts: String,
 }
 
-/// The rendezvous link's identity: a CA of its own from the job token, so that no node
-/// process of the job (nor any other holder of only a node certificate) can pose as an agent.
+/// The rendezvous link's identity: a CA of its own from the job token, so that the agents'
+/// links and the node processes' never accept each other's certificates. Whoever holds the
+/// token (every agent and node of the job) is trusted, as everywhere in wiretrain.
 pub fn identity(token: &Token) -> Result<JobIdentity, String> {
     JobIdentity::for_job(token, Some("wiretrain elastic launch rendezvous v1"))
         .map_err(|e| e.to_string())

@@ -32,6 +32,8 @@ pub struct Policy {
     /// How long a node gets to stop after it is told (its agent kills it then).
     pub grace: Duration,
     pub job_id: String,
+    /// Raised by a signal to the hosting agent: the job stops after its step, everywhere.
+    pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// What an agent's connection reports to the host's loop.
@@ -97,20 +99,24 @@ pub async fn host(ep: Endpoint, policy: Policy) {
         failures_restarted: 0,
     };
     let (code, message) = h.run().await;
-    for a in h.agents.values_mut().filter(|a| a.gone.is_none()) {
-        let _ = rdzv::send(
-            &mut a.send,
-            &ToAgent::Done {
-                code,
-                message: message.clone(),
-            },
-        )
-        .await;
-        let _ = a.send.finish();
-    }
-    // Let the last messages leave before the endpoint goes.
-    for a in h.agents.values_mut().filter(|a| a.gone.is_none()) {
-        let _ = timeout(Duration::from_secs(2), a.send.stopped()).await;
+    // Agents that joined meanwhile are told too.
+    h.drain();
+    let done = ToAgent::Done { code, message };
+    let tell: Vec<_> = std::mem::take(&mut h.agents)
+        .into_values()
+        .filter(|a| a.gone.is_none())
+        .map(|mut a| {
+            let done = done.clone();
+            tokio::spawn(async move {
+                let _ = rdzv::send(&mut a.send, &done).await;
+                let _ = a.send.finish();
+                // The message leaves before the endpoint goes.
+                let _ = timeout(Duration::from_secs(2), a.send.stopped()).await;
+            })
+        })
+        .collect();
+    for t in tell {
+        let _ = t.await;
     }
     accept.abort();
     ep.close(0u32.into(), b"done");
@@ -200,6 +206,18 @@ impl Host {
             .collect()
     }
 
+    /// Takes in every event already queued (agents gone or joined while an epoch ended).
+    fn drain(&mut self) {
+        while let Ok(ev) = self.rx.try_recv() {
+            self.absorb(ev);
+        }
+    }
+
+    /// Whether the hosting agent was stopped by a signal.
+    fn stopped(&self) -> bool {
+        self.policy.stop.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     /// Takes in one event outside an epoch.
     fn absorb(&mut self, ev: Event) {
         match ev {
@@ -233,8 +251,16 @@ impl Host {
         // The first epoch: MIN agents, then up to MAX within the join window.
         let until = Instant::now() + self.policy.gather_timeout;
         while self.alive().len() < self.policy.min {
-            match tokio::time::timeout_at(until, self.rx.recv()).await {
+            if self.stopped() {
+                return (
+                    wiretrain::signal::INTERRUPTED_EXIT,
+                    "stopped by a signal on the rendezvous host".into(),
+                );
+            }
+            let by = until.min(Instant::now() + Duration::from_millis(200));
+            match tokio::time::timeout_at(by, self.rx.recv()).await {
                 Ok(Some(ev)) => self.absorb(ev),
+                Err(_) if Instant::now() < until => {}
                 _ => {
                     return (
                         1,
@@ -259,7 +285,10 @@ impl Host {
         members.truncate(self.policy.max);
         loop {
             let epoch = self.history.len();
-            match self.epoch(epoch, &members).await {
+            let outcome = self.epoch(epoch, &members).await;
+            // What happened while the epoch ended counts before the next one is chosen.
+            self.drain();
+            match outcome {
                 Outcome::Finished => return (0, String::new()),
                 Outcome::Grow { detected } => {
                     let before = members.clone();
@@ -300,8 +329,9 @@ impl Host {
                             let h: Vec<String> =
                                 self.history.iter().map(describe_restart).collect();
                             msg.push(format!(
-                                "after {} restart(s): {}",
+                                "after {} restart(s) ({} after failures): {}",
                                 self.history.len(),
+                                self.failures_restarted,
                                 h.join("; ")
                             ));
                         }
@@ -394,6 +424,11 @@ impl Host {
         let ready_by = Instant::now() + Duration::from_secs(60);
         let mut ready: Option<(String, Option<String>)> = None;
         loop {
+            if self.stopped() && watch.stopping.is_none() {
+                watch.fail("stopped by a signal on the rendezvous host".into());
+                watch.code = wiretrain::signal::INTERRUPTED_EXIT;
+                watch.last = true;
+            }
             if ready.is_none() && watch.stopping.is_none() && Instant::now() > ready_by {
                 watch.fail("node 0 did not report its address within 60 s".into());
             }
@@ -452,7 +487,17 @@ impl Host {
                     msg: ToHost::Exited { epoch: e, end },
                 } if e == epoch => {
                     if let Some(i) = members.iter().position(|&m| m == id) {
-                        if !end.success && watch.stopping.is_none() {
+                        // Node 0 that ends before it reported its address leaves the others
+                        // without a job; in a stop for growth, an end other than the stop's
+                        // is a failure all the same.
+                        let early = i == 0 && ready.is_none() && watch.stopping.is_none();
+                        let failed = !end.success
+                            && (watch.stopping.is_none()
+                                || (watch.grow && end.code != wiretrain::signal::INTERRUPTED_EXIT));
+                        if early && end.success {
+                            watch.fail("node 0 ended before it reported its address".into());
+                        }
+                        if failed {
                             let name = &self.agents[&id].name;
                             watch.fail(format!("node {i} ({name}) exited with {}", end.status));
                             if watch.code == 0 {
@@ -468,7 +513,7 @@ impl Host {
                 Event::Gone { id, why } => {
                     if let Some(i) = members.iter().position(|&m| m == id) {
                         let name = self.agents[&id].name.clone();
-                        if watch.stopping.is_none() {
+                        if watch.stopping.is_none() || watch.grow {
                             watch.fail(format!("node {i}'s agent {name} is gone ({why})"));
                         }
                         state[i] = Member::Gone;

@@ -245,13 +245,8 @@ pub fn run(args: &TrainArgs) -> Result<()> {
         "d_model": run.d_model,
         "layers": run.layers,
     });
-    // An elastic restart continues the metrics of the epochs before it and says so.
-    if let Some(el) = wiretrain::job::Elastic::from_env()? {
-        fit.append_metrics = true;
-        fit.report = serde_json::json!({
-            "elastic": { "epoch": el.epoch, "restarts": el.restarts },
-        });
-    }
+    // An epoch after an elastic restart: `fit` continues the metrics and reports it.
+    wiretrain::job::Elastic::from_env()?;
     let shared = Shared { run, data, fit };
     let outcomes =
         wiretrain::run(job, move |ctx| train_rank(ctx, shared.clone())).map_err(|e| match e {

@@ -25,18 +25,29 @@ pub(super) struct Record {
     comm_total: f64,
     /// Wall-clock time (ms since the Unix epoch) the first step of this process ended.
     first_step_unix_ms: Option<u64>,
+    /// This process's place in an elastic launch (`None` outside a restart), and the last
+    /// step the metrics file held when this epoch opened it (the step the failure cut off).
+    elastic: Option<crate::job::Elastic>,
+    last_step_before: Option<usize>,
 }
 
 impl Record {
     /// Opens the metrics file (rank 0) and starts the clock and the peak-memory counters.
+    /// An epoch after an elastic restart appends to the metrics of the epochs before it.
     pub fn open(run: &FitOptions, leader: bool) -> Result<Self, FitError> {
+        let elastic = crate::job::Elastic::from_env()?;
+        let append = run.append_metrics || elastic.is_some();
+        let last_step_before = match (&run.metrics, leader, &elastic) {
+            (Some(p), true, Some(_)) => last_step_in(p),
+            _ => None,
+        };
         let out = match (&run.metrics, leader) {
             (Some(p), true) => Some(std::io::BufWriter::new(
                 std::fs::OpenOptions::new()
                     .create(true)
                     .write(true)
-                    .append(run.append_metrics)
-                    .truncate(!run.append_metrics)
+                    .append(append)
+                    .truncate(!append)
                     .open(p)
                     .map_err(|e| io(format!("--metrics {}", p.display()), e))?,
             )),
@@ -56,6 +67,8 @@ impl Record {
             split: Vec::with_capacity(run.steps),
             comm_total: 0.0,
             first_step_unix_ms: None,
+            elastic,
+            last_step_before,
         })
     }
 
@@ -250,6 +263,25 @@ impl Record {
                 s.insert(k.clone(), v.clone());
             }
         }
+        // An elastic restart says so: its epoch, the restarts so far, where it went on from
+        // and the steps the failure cost (done in the epoch before, then again in this one).
+        if let (Some(el), Some(s)) = (&self.elastic, summary.as_object_mut()) {
+            let lost = self.last_step_before.map(|l| (l + 1).saturating_sub(start));
+            s.entry("elastic").or_insert_with(|| {
+                serde_json::json!({
+                    "epoch": el.epoch,
+                    "restarts": el.restarts,
+                    "recovery": if start > 0 { "checkpoint" } else { "from step 0" },
+                    "steps_lost": lost,
+                })
+            });
+            if let Some(n) = lost {
+                tracing::info!(
+                    "elastic epoch {}: went on from step {start}, {n} step(s) lost",
+                    el.epoch
+                );
+            }
+        }
         // The caller's description of the run (example, seed, ...) completes the summary.
         if let (Some(s), Some(m)) = (summary.as_object_mut(), run.meta.as_object()) {
             for (k, v) in m {
@@ -328,4 +360,22 @@ fn gather_memory(
             })
         })
         .collect())
+}
+
+/// The last step line of the metrics file at `p` (its last 64 KiB read; `None` when there is
+/// no file or no step line in it).
+fn last_step_in(p: &std::path::Path) -> Option<usize> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = std::fs::File::open(p).ok()?;
+    let len = f.metadata().ok()?.len();
+    f.seek(SeekFrom::Start(len.saturating_sub(64 << 10))).ok()?;
+    let mut tail = Vec::new();
+    f.take(64 << 10).read_to_end(&mut tail).ok()?;
+    String::from_utf8_lossy(&tail).lines().rev().find_map(|l| {
+        let v: serde_json::Value = serde_json::from_str(l).ok()?;
+        if v.get("summary").is_some() {
+            return None;
+        }
+        v.get("step")?.as_u64().map(|s| s as usize)
+    })
 }
