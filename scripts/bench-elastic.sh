@@ -8,13 +8,17 @@
 # MODE=agents runs the same job as an elastic launch across machines instead: three agents
 # (`launch --nnodes 2:3 --master 127.0.0.1:PORT --host 127.0.0.x`), and kills agent 2 (its node
 # dies with it, as with its machine); "the launcher sees" is then the rendezvous host seeing
-# the first node fail or the agent fall silent.
+# the first node fail or the agent fall silent. With GROW=1 (agents only), agent 2 is started
+# again once epoch 1 runs, and the world grows back to 3 at the next restart point: the run
+# adds the seconds from its join to the new epoch's start, from there to its first step, and
+# the steps that growth lost.
 #
 #   BIN=$CARGO_TARGET_DIR/debug/wiretrain scripts/bench-elastic.sh
 #
 # Env: BIN (default the release build), RUNS (default 5), IDLE (the nodes' --idle-timeout,
 #      default 3 s: how soon a killed node is noticed), DEVICE (default cpu), MODE (local or
-#      agents, default local).
+#      agents, default local), GROW (0 or 1, default 0), STEPS (default 300; 3000 with GROW=1,
+#      so that the job is still running when the agent comes back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-target}/release/wiretrain}
@@ -22,13 +26,17 @@ RUNS=${RUNS:-5}
 IDLE=${IDLE:-3}
 DEVICE=${DEVICE:-cpu}
 MODE=${MODE:-local}
+GROW=${GROW:-0}
+[ "$GROW" = 0 ] || [ "$MODE" = agents ] || { echo "GROW=1 needs MODE=agents"; exit 2; }
+STEPS=${STEPS:-$([ "$GROW" = 1 ] && echo 3000 || echo 300)}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s; mode $MODE"
-echo "run kill_to_detect_s detect_to_restart_s restart_to_first_step_s detect_to_first_step_s resumed_from steps_lost"
+echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s; mode $MODE; grow $GROW; $STEPS steps"
+echo -n "run kill_to_detect_s detect_to_restart_s restart_to_first_step_s detect_to_first_step_s resumed_from steps_lost"
+[ "$GROW" = 1 ] && echo " join_to_restart_s restart_to_first_step_s steps_lost" || echo
 for r in $(seq 1 "$RUNS"); do
   d="$work/$r"; mkdir -p "$d"
-  train=(train --example mlp --strategy zero2 --steps 300 --global-batch 24 --device "$DEVICE"
+  train=(train --example mlp --strategy zero2 --steps "$STEPS" --global-batch 24 --device "$DEVICE"
     --checkpoint-every 10 --checkpoint-keep 100 --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl"
     --idle-timeout "$IDLE" --no-progress)
   if [ "$MODE" = agents ]; then
@@ -52,7 +60,19 @@ for r in $(seq 1 "$RUNS"); do
   if [ "$MODE" = agents ]; then
     kill_ms=$(date +%s%3N)
     kill -9 "${agents[2]}"
-    for a in "${agents[0]}" "${agents[1]}"; do
+    if [ "$GROW" = 1 ]; then
+      # Agent 2 comes back once epoch 1 has run 20 steps (the survivors wrote none since the
+      # kill: they waited for node 2 until their idle timeout).
+      base=$(wc -l < "$d/m.jsonl")
+      for _ in $(seq 1 1200); do
+        [ "$(wc -l < "$d/m.jsonl")" -ge $(( base + 20 )) ] && break
+        sleep 0.05
+      done
+      "$BIN" launch --nnodes 2:3 --max-restarts 1 --master "127.0.0.1:$port" \
+        --host 127.0.0.3 --join-window 10 -- "${train[@]}" 2> "$d/err2b.txt" &
+      agents+=($!)
+    fi
+    for a in "${agents[0]}" "${agents[1]}" ${agents[3]:-}; do
       wait "$a" || { echo "run $r: an agent failed"; tail -5 "$d"/err*.txt; exit 1; }
     done
   else
@@ -65,18 +85,25 @@ for r in $(seq 1 "$RUNS"); do
     kill -9 "$victim"
     wait "$launcher" || { echo "run $r: the launch failed"; tail -5 "$d/err.txt"; exit 1; }
   fi
-  python3 - "$d/m.jsonl" "$kill_ms" "$r" <<'EOF'
+  python3 - "$d/m.jsonl" "$kill_ms" "$r" "$GROW" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-steps = [l["step"] for l in lines if "summary" not in l]
-s = lines[-1]
-# Epoch 1 wrote the last 300 - resumed_from step lines; epoch 0 the ones before.
-cut = len(steps) - (300 - s["resumed_from"])
-r = s["elastic"]["restarts"][0]
+# One summary per epoch that ended on its own terms (epoch 0's nodes failed: none); each
+# carries its restart's cost (elastic.steps_lost: done after the checkpoint, then again).
+by_epoch = {l["elastic"]["epoch"]: l for l in lines if "summary" in l and l.get("elastic")}
+last = lines[-1]
 kill = int(sys.argv[2])
-d, t, f = r["detected_unix_ms"], r["restarted_unix_ms"], s["first_step_unix_ms"]
-print(sys.argv[3], f"{(d - kill) / 1e3:.2f}", f"{(t - d) / 1e3:.2f}", f"{(f - t) / 1e3:.2f}",
-      f"{(f - d) / 1e3:.2f}", s["resumed_from"], steps[cut - 1] + 1 - s["resumed_from"])
+r, s1 = last["elastic"]["restarts"][0], by_epoch[1]
+d, t, f = r["detected_unix_ms"], r["restarted_unix_ms"], s1["first_step_unix_ms"]
+row = [sys.argv[3], f"{(d - kill) / 1e3:.2f}", f"{(t - d) / 1e3:.2f}", f"{(f - t) / 1e3:.2f}",
+       f"{(f - d) / 1e3:.2f}", s1["resumed_from"], s1["elastic"]["steps_lost"]]
+if sys.argv[4] == "1":
+    r2, s2 = last["elastic"]["restarts"][1], by_epoch[2]
+    assert r2["joined"] == [2] and s2["world"] == 3, last
+    t2, f2 = r2["restarted_unix_ms"], s2["first_step_unix_ms"]
+    row += [f"{(t2 - r2['detected_unix_ms']) / 1e3:.2f}", f"{(f2 - t2) / 1e3:.2f}",
+            s2["elastic"]["steps_lost"]]
+print(*row)
 EOF
 done | tee "$work/rows.txt"
 python3 - "$work/rows.txt" <<'EOF'
@@ -85,4 +112,7 @@ rows = [l.split() for l in open(sys.argv[1]) if l[0].isdigit()]
 col = lambda i: statistics.median(float(r[i]) for r in rows)
 print(f"median: kill->detect {col(1):.2f} s, detect->restart {col(2):.2f} s, "
       f"restart->first step {col(3):.2f} s, detect->first step {col(4):.2f} s, steps lost {col(6):.0f}")
+if len(rows[0]) > 7:
+    print(f"median growth: join->restart {col(7):.2f} s, restart->first step {col(8):.2f} s, "
+          f"steps lost {col(9):.0f}")
 EOF
