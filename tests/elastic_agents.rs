@@ -72,10 +72,17 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
         return;
     }
     let d = dir("agents");
-    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let (ck, m, tr) = (d.join("ck"), d.join("m.jsonl"), d.join("trace"));
     let master = format!("127.0.0.1:{}", free_port());
     let steps = "400";
-    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    let extra = [
+        "--checkpoint-dir",
+        s(&ck),
+        "--metrics",
+        s(&m),
+        "--trace",
+        s(&tr),
+    ];
     let [mut a, mut b, c] = three(&master, steps, &extra);
     common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
         common::line_count(&m) >= 20
@@ -147,6 +154,22 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
         (start..total).collect::<Vec<_>>()
     );
     assert!(after.iter().all(|x| x.1.is_finite()));
+    // Epoch 2's traces show the restarts (a marker, and the history in otherData).
+    let t: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tr.join("trace-rank0.json")).unwrap()).unwrap();
+    assert_eq!(t["otherData"]["elastic"]["epoch"], 2);
+    assert_eq!(
+        t["otherData"]["elastic"]["restarts"][1]["joined"],
+        serde_json::json!([2])
+    );
+    assert!(
+        t["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["cat"] == "elastic" && e["name"] == "elastic restart: epoch 2"),
+        "no restart marker in the trace"
+    );
     let _ = std::fs::remove_dir_all(&d);
 }
 
