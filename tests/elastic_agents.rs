@@ -219,18 +219,25 @@ fn the_readme_agent_commands_work_verbatim() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// [`three`] agents of a job that runs until stopped, in a fresh directory `name`, once it has
+/// run 20 steps.
+fn three_training(name: &str) -> (std::path::PathBuf, [Child; 3]) {
+    let d = dir(name);
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let master = format!("127.0.0.1:{}", free_port());
+    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    let mut agents = three(&master, "100000000", &extra);
+    common::wait_until(&mut agents[0], Duration::from_secs(120), "20 steps", || {
+        common::line_count(&m) >= 20
+    });
+    (d, agents)
+}
+
 /// Ctrl-C (SIGINT) to one agent stops the job on every agent: its node stops after its step,
 /// the host ends the job (no restart), and every agent exits 130.
 #[test]
 fn a_signal_to_one_agent_stops_the_job_everywhere() {
-    let d = dir("agents-int");
-    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
-    let master = format!("127.0.0.1:{}", free_port());
-    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
-    let [mut a, mut b, mut c] = three(&master, "100000000", &extra);
-    common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
-        common::line_count(&m) >= 20
-    });
+    let (d, [mut a, mut b, mut c]) = three_training("agents-int");
     common::signal(b.id(), "-INT");
     for (x, name) in [(&mut a, "A"), (&mut b, "B"), (&mut c, "C")] {
         let st = common::wait_exit_or(x, Duration::from_secs(60), "an agent goes on");
@@ -245,14 +252,7 @@ fn a_signal_to_one_agent_stops_the_job_everywhere() {
 /// lost rendezvous, and takes its node along.
 #[test]
 fn losing_the_rendezvous_host_fails_every_agent() {
-    let d = dir("agents-host");
-    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
-    let master = format!("127.0.0.1:{}", free_port());
-    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
-    let [mut a, mut b, mut c] = three(&master, "100000000", &extra);
-    common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
-        common::line_count(&m) >= 20
-    });
+    let (d, [mut a, mut b, mut c]) = three_training("agents-host");
     let nodes = [common::node_pid(b.id(), 1), common::node_pid(c.id(), 2)];
     common::signal(a.id(), "-9");
     let _ = a.wait();
