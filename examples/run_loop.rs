@@ -132,6 +132,7 @@ fn real_main() -> Result<(), Box<dyn std::error::Error>> {
         let device = ctx.device();
         let mut opts = opts.clone();
         opts.stop = Some(ctx.stop.clone());
+        opts.heal = ctx.heal.clone();
         let (rank, world) = (ctx.rank(), ctx.world());
         let sampler = DistributedSampler::new(data.len(), opts.global_batch, world, rank, 7)?;
         let cfg = TrainerConfig::builder(strategy).lr(1e-2).build()?;

@@ -18,6 +18,8 @@ pub struct DistributedSampler {
     world: usize,
     rank: usize,
     seed: u64,
+    /// Every rank takes an equal slice ([`Self::new`]), not a share ([`Self::uneven`]).
+    even: bool,
     /// The permutation of the epoch last asked for.
     cached: Option<(usize, Vec<usize>)>,
 }
@@ -75,8 +77,19 @@ impl DistributedSampler {
             world,
             rank,
             seed,
+            even,
             cached: None,
         })
+    }
+
+    /// The same sampler for rank `rank` of a world of `world` (after an elastic heal): the
+    /// global batches stay the same, only this rank's slice of them changes. Fails as
+    /// [`Self::new`] does when the global batch does not divide by the new world.
+    pub fn rebind(&mut self, rank: usize, world: usize) -> Result<(), String> {
+        let checked = Self::build(self.len, self.global_batch, world, rank, self.seed, self.even)?;
+        self.world = checked.world;
+        self.rank = checked.rank;
+        Ok(())
     }
 
     pub fn steps_per_epoch(&self) -> usize {

@@ -26,6 +26,7 @@ pub use crate::strategy::diloco::Diloco;
 
 mod ckpt;
 mod config;
+mod heal;
 mod units;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
@@ -105,6 +106,9 @@ pub struct Trainer<M: Module> {
     sample_weight: f32,
     /// The run id written into checkpoint manifests (fresh per run, kept across resume).
     run_id: String,
+    /// Optimizer updates applied by this trainer (what a heal compares to tell whether the
+    /// step cut off was applied).
+    updates: usize,
 }
 
 impl<M: Module> Trainer<M> {
@@ -184,6 +188,7 @@ impl<M: Module> Trainer<M> {
             busy_at_start: Duration::ZERO,
             sample_weight: 1.0,
             run_id: format!("{:016x}", rand::random::<u64>()),
+            updates: 0,
         };
         trainer.reset_master();
         Ok(trainer)
@@ -411,10 +416,16 @@ impl<M: Module> Trainer<M> {
         clock: StepClock,
     ) -> Result<StepReport, TrainError> {
         let (mut cx, sync) = self.sync_cx(&clock);
-        let grad = sync.reduce(&mut cx, &mut grads)?;
+        let res = sync
+            .reduce(&mut cx, &mut grads)
+            .and_then(|grad| sync.update(&mut cx, &grad, grad_scale));
         drop(grads);
-        sync.update(&mut cx, &grad, grad_scale)?;
-        drop(grad);
+        if let Err(e) = res {
+            // The parameters are those of the last step: the model is kept (a heal goes on).
+            self.model = Some(model);
+            return Err(e);
+        }
+        self.updates += 1;
         let unflatten = clock.enter(Phase::Compute, "unflatten");
         let model = self.layout.unflatten(model, &self.held.params);
         drop(unflatten);

@@ -21,6 +21,9 @@ pub enum TrainError {
     /// Another rank failed (it reported its own error); this rank stops with it.
     #[error(transparent)]
     OtherRank(#[from] OtherRank),
+    /// Healing from live replicas failed (the state exchange of a new epoch).
+    #[error("healing from live replicas: {0}")]
+    Heal(String),
 }
 
 /// How rank 0's model and this rank's differ.

@@ -34,6 +34,9 @@ pub enum FitError {
     /// The job's environment is wrong (e.g. WIRETRAIN_RESTARTS is not JSON).
     #[error(transparent)]
     Job(#[from] crate::job::JobError),
+    /// The job failed and this node could not heal from live replicas.
+    #[error("{failure}; healing from live replicas failed: {why}")]
+    Heal { failure: String, why: String },
 }
 
 impl From<crate::checkpoint::CheckpointError> for FitError {
@@ -104,6 +107,11 @@ pub struct FitOptions {
     pub title: String,
     /// Raised to stop after the current step on every rank (e.g. [`crate::RankContext::stop`]).
     pub stop: Option<Arc<AtomicBool>>,
+    /// In an elastic launch that heals ([`crate::RankContext::heal`]): when a step fails
+    /// because a node was lost, DDP and hybrid go on from this rank's live state in the next
+    /// epoch (no checkpoint read; the step cut off is redone); other strategies fail as
+    /// without it (the launcher restarts from a checkpoint).
+    pub heal: Option<Arc<crate::heal::Healer>>,
 }
 
 impl FitOptions {
@@ -125,6 +133,7 @@ impl FitOptions {
             report: serde_json::json!({}),
             title: "model".into(),
             stop: None,
+            heal: None,
         }
     }
 }
@@ -166,7 +175,7 @@ pub fn fit<M: Module>(
     run: &FitOptions,
     mut step_fn: impl FnMut(&mut Trainer<M>, &[usize]) -> Result<StepReport, TrainError>,
 ) -> Result<Fitted<M>, FitError> {
-    let leader = trainer.process_group().rank() == 0;
+    let mut leader = trainer.process_group().rank() == 0;
     check_options(run, trainer.config().strategy())?;
     if let Some(s) = &run.stop {
         trainer.set_stop_flag(s.clone());
@@ -184,8 +193,22 @@ pub fn fit<M: Module>(
     }
     let mut pace = Pace::new(&mut trainer, run);
     let mut stopped = None;
-    for step in start..run.steps {
-        let rep = pace.step(&mut trainer, &mut sampler, step, run, &mut step_fn)?;
+    let mut step = start;
+    while step < run.steps {
+        let before = trainer.updates();
+        let rep = match pace.step(&mut trainer, &mut sampler, step, run, &mut step_fn) {
+            Ok(rep) => rep,
+            Err(e) => {
+                let Some(h) = heal::healable(run, &trainer, &e) else {
+                    return Err(e);
+                };
+                let applied = trainer.updates() > before;
+                let cx = heal::Cut { step, applied };
+                step = heal::heal(&mut trainer, &mut sampler, &mut pace, &mut rec, run, &h, cx, e)?;
+                leader = trainer.process_group().rank() == 0;
+                continue;
+            }
+        };
         if run.trace.is_some() {
             crate::trace::add_comm_track(trainer.process_group());
         }
@@ -210,6 +233,7 @@ pub fn fit<M: Module>(
             stopped = Some(step);
             break;
         }
+        step += 1;
     }
     rec.bar.finish_and_clear();
     if let Some(dir) = &run.trace {
@@ -301,6 +325,7 @@ fn start_trace<M: Module>(trainer: &mut Trainer<M>) -> Result<(), FitError> {
     Ok(())
 }
 
+mod heal;
 mod pace;
 mod record;
 

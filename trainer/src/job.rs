@@ -35,6 +35,9 @@ pub mod env {
     pub const EPOCH: &str = "WIRETRAIN_EPOCH";
     /// An elastic launch's restarts so far, as a JSON array (see `launch --max-restarts`).
     pub const RESTARTS: &str = "WIRETRAIN_RESTARTS";
+    /// An elastic launch's heal directory: a node whose peer is lost asks its launcher there
+    /// for its place in the next epoch and goes on from its live state ([`crate::heal`]).
+    pub const HEAL_DIR: &str = "WIRETRAIN_HEAL_DIR";
 }
 
 /// Where this process stands in an elastic launch (`wiretrain launch --max-restarts`): the
@@ -110,6 +113,11 @@ pub struct JobOptions {
     /// The coordinator's certificate SHA-256, pinned by joiners when given.
     pub master_sha256: Option<String>,
     pub protocol_version_override: Option<u32>,
+    /// The job epoch (default: WIRETRAIN_EPOCH, else 0): nodes of other epochs are refused.
+    pub epoch: Option<u64>,
+    /// Where this node asks its elastic launcher for the next epoch after losing a peer
+    /// (default: WIRETRAIN_HEAL_DIR; unset: a lost peer fails the node).
+    pub heal_dir: Option<PathBuf>,
 }
 
 impl Default for JobOptions {
@@ -135,6 +143,8 @@ impl Default for JobOptions {
             fingerprint_file: None,
             master_sha256: None,
             protocol_version_override: None,
+            epoch: None,
+            heal_dir: None,
         }
     }
 }
@@ -181,6 +191,10 @@ impl JobOptions {
         o.fingerprint_file = get(env::FINGERPRINT_FILE).map(PathBuf::from);
         o.master_sha256 = get(env::MASTER_SHA256);
         o.token_file = get(env::TOKEN_FILE).map(PathBuf::from);
+        if let Some(v) = get(env::EPOCH) {
+            o.epoch = Some(parse(env::EPOCH, &v)?);
+        }
+        o.heal_dir = get(env::HEAL_DIR).map(PathBuf::from);
         Ok(o)
     }
 
@@ -211,7 +225,9 @@ impl JobOptions {
             cfg.job_id(j);
         }
         // An elastic launch's restart number: nodes of another epoch refuse each other.
-        if let Some(v) = std::env::var(env::EPOCH).ok().filter(|v| !v.is_empty()) {
+        if let Some(e) = self.epoch {
+            cfg.epoch(e);
+        } else if let Some(v) = std::env::var(env::EPOCH).ok().filter(|v| !v.is_empty()) {
             cfg.epoch(parse(env::EPOCH, &v)?);
         }
         if let Some(p) = &self.addr_file {

@@ -46,6 +46,7 @@ mod error;
 pub mod faults;
 pub mod fit;
 pub mod flat;
+pub mod heal;
 pub mod heap;
 pub mod job;
 pub mod learner;

@@ -9,7 +9,8 @@
 //! reason), so no peer waits out the collective timeout; `run` then returns the root cause.
 
 use crate::device::{NodeDevices, RankDevice};
-use crate::job::{JobError, JobOptions};
+use crate::heal::Healer;
+use crate::job::{JobError, JobOptions, env};
 use burn::tensor::Device;
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::AtomicBool;
@@ -49,6 +50,9 @@ pub struct RankContext {
     pub rank_device: RankDevice,
     /// Raised by Ctrl-C/SIGTERM; `Trainer::set_stop_flag` makes every rank stop together.
     pub stop: Arc<AtomicBool>,
+    /// In an elastic launch that heals (`WIRETRAIN_HEAL_DIR`): how this node joins the next
+    /// epoch after losing a peer. Hand it to [`crate::fit::FitOptions::heal`].
+    pub heal: Option<Arc<Healer>>,
 }
 
 impl RankContext {
@@ -118,19 +122,33 @@ where
     cfg.devices(plan.descriptions())
         .map_err(|e| JobError(e.to_string()))?;
     let stop = crate::signal::install(None).map_err(RunError::Signal)?;
+    let descriptions = plan.descriptions();
     let mut node = Node::join(cfg).map_err(RunError::Join)?;
+    let groups = node.take_groups();
+    let heal_dir = opts.heal_dir.clone().or_else(|| {
+        std::env::var_os(env::HEAL_DIR)
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+    });
+    let (mut node, heal) = match heal_dir {
+        Some(dir) => {
+            let h = Healer::new(dir, opts.clone(), descriptions, node, stop.clone());
+            (None, Some(Arc::new(h)))
+        }
+        None => (Some(node), None),
+    };
     let failure = Arc::new(FirstFailure::default());
     let f = Arc::new(f);
     let plan = Arc::new(plan);
-    let handles: Vec<_> = node
-        .take_groups()
+    let handles: Vec<_> = groups
         .into_iter()
         .map(|pg| {
             let (f, plan, stop, failure) = (f.clone(), plan.clone(), stop.clone(), failure.clone());
+            let heal = heal.clone();
             let rank = pg.rank();
             std::thread::Builder::new()
                 .name(format!("wiretrain-rank-{rank}"))
-                .spawn(move || rank_thread(pg, &plan, stop, &*f, &failure))
+                .spawn(move || rank_thread(pg, &plan, stop, heal, &*f, &failure))
         })
         .collect::<Result<_, _>>()
         .map_err(|e| RunError::Signal(format!("spawning a rank thread: {e}")))?;
@@ -142,12 +160,17 @@ where
             Err(p) => failure.record(true, usize::MAX, wiretrain_comm::abort::panic_message(&*p)),
         }
     }
+    if let Some(h) = &heal {
+        node = h.take_node();
+    }
     if let Some(e) = failure.take() {
         // Dropping the node closes its connections with "node exited without shutdown".
         drop(node);
         return Err(e);
     }
-    node.shutdown().map_err(RunError::Shutdown)?;
+    if let Some(node) = node {
+        node.shutdown().map_err(RunError::Shutdown)?;
+    }
     Ok(out)
 }
 
@@ -156,17 +179,24 @@ fn rank_thread<T, E: std::fmt::Display, F: Fn(RankContext) -> Result<T, E>>(
     pg: ProcessGroup,
     plan: &NodeDevices,
     stop: Arc<AtomicBool>,
+    heal: Option<Arc<Healer>>,
     f: &F,
     failure: &FirstFailure,
 ) -> Option<T> {
-    let rank = pg.rank();
-    let aborter = pg.aborter();
+    let (rank, local) = (pg.rank(), pg.local_rank());
+    let first_aborter = pg.aborter();
+    // After a heal the rank's process group is the new epoch's: a failure aborts that one.
+    let aborter = || {
+        heal.as_ref()
+            .and_then(|h| h.aborter(local))
+            .unwrap_or_else(|| first_aborter.clone())
+    };
     let rank_device = match plan.open(pg.local_rank()) {
         Ok(d) => d,
         Err(e) => {
             let msg = format!("opening {}: {e}", plan.describe(pg.local_rank()));
             failure.record(false, rank, msg.clone());
-            aborter.abort(&msg);
+            aborter().abort(&msg);
             return None;
         }
     };
@@ -174,6 +204,7 @@ fn rank_thread<T, E: std::fmt::Display, F: Fn(RankContext) -> Result<T, E>>(
         pg,
         rank_device,
         stop,
+        heal: heal.clone(),
     };
     // The process group drops while unwinding and aborts the node with the panic message
     // (comm's panic hook recorded it); the payload is kept here for the report.
@@ -183,14 +214,20 @@ fn rank_thread<T, E: std::fmt::Display, F: Fn(RankContext) -> Result<T, E>>(
             let msg = e.to_string();
             // Recorded before the abort wakes the peers, whose errors only echo this one.
             failure.record(false, rank, msg.clone());
-            aborter.abort(&msg);
+            if let Some(h) = &heal {
+                h.abandon(&format!("rank {rank} failed: {msg}"));
+            }
+            aborter().abort(&msg);
             None
         }
         Err(p) => {
             let msg = wiretrain_comm::abort::current_panic()
                 .unwrap_or_else(|| wiretrain_comm::abort::panic_message(&*p));
             failure.record(true, rank, msg.clone());
-            aborter.abort(&format!("panicked: {msg}"));
+            if let Some(h) = &heal {
+                h.abandon(&format!("rank {rank} panicked: {msg}"));
+            }
+            aborter().abort(&format!("panicked: {msg}"));
             None
         }
     }

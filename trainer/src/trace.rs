@@ -50,6 +50,8 @@ struct Recorder {
     depth: usize,
     /// The rank's device, as the rank table records it.
     device: Option<String>,
+    /// The epoch and restarts of the latest heal (`otherData.elastic`).
+    healed: Option<serde_json::Value>,
 }
 
 thread_local! {
@@ -201,7 +203,32 @@ pub fn enable(rank: usize, node: usize, (offset_us, accuracy_us, base_us): (f64,
             dropped: 0,
             depth: 0,
             device: None,
+            healed: None,
         })
+    });
+}
+
+/// A heal from live replicas: from now on this thread is `rank` of node `node` (of the new
+/// epoch), and an instant event "elastic heal: epoch N" marks the moment; `elastic` (the epoch
+/// and the launch's restarts) goes into `otherData.elastic`.
+pub fn heal_marker(rank: usize, node: usize, epoch: u64, elastic: serde_json::Value) {
+    REC.with(|r| {
+        if let Some(rec) = r.borrow_mut().as_mut() {
+            rec.rank = rank;
+            rec.node = node;
+            let ts = rec.ts(Instant::now());
+            rec.push(Event {
+                name: format!("elastic heal: epoch {epoch}"),
+                cat: "elastic".into(),
+                ph: "i".into(),
+                ts,
+                dur: None,
+                pid: node,
+                tid: rank,
+                args: elastic.clone(),
+            });
+            rec.healed = Some(elastic);
+        }
     });
 }
 
@@ -325,10 +352,10 @@ pub fn finish(dir: &Path, world: usize) -> std::io::Result<Option<std::path::Pat
             "clock_accuracy_us": rec.accuracy_us,
             "dropped_events": rec.dropped,
             "device": rec.device,
-            "elastic": elastic.map(|e| serde_json::json!({
+            "elastic": rec.healed.or_else(|| elastic.map(|e| serde_json::json!({
                 "epoch": e.epoch,
                 "restarts": e.restarts,
-            })),
+            }))),
         },
     });
     let path = dir.join(format!("trace-rank{}.json", rec.rank));

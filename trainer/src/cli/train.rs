@@ -267,6 +267,7 @@ fn train_rank(ctx: RankContext, sh: Shared) -> Result<Option<usize>> {
     let device = ctx.device();
     let mut sh = sh;
     sh.fit.stop = Some(ctx.stop.clone());
+    sh.fit.heal = ctx.heal.clone();
     let pg = ctx.pg;
     if pg.rank() == 0 {
         eprintln!(

@@ -219,6 +219,7 @@ impl<M: Units> Trainer<M> {
         clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
         let (mut cx, sync) = self.sync_cx(&clock);
         sync.update(&mut cx, &grad, 1.0)?;
+        self.updates += 1;
         let model = if sharded {
             model
         } else {

@@ -29,6 +29,10 @@ pub(super) struct Record {
     /// step the metrics file held when this epoch opened it (the step the failure cut off).
     elastic: Option<crate::job::Elastic>,
     last_step_before: Option<usize>,
+    /// Heals from live replicas in this process (see `super::heal`); the last one's first
+    /// step is still to be timed while `heal_pending`.
+    heals: Vec<serde_json::Value>,
+    heal_pending: bool,
 }
 
 impl Record {
@@ -69,7 +73,36 @@ impl Record {
             first_step_unix_ms: None,
             elastic,
             last_step_before,
+            heals: Vec::new(),
+            heal_pending: false,
         })
+    }
+
+    /// A heal (`event`) moved this rank into `elastic`'s epoch; as rank 0 of it (`leader`)
+    /// it now writes the metrics, appending to them.
+    pub fn healed(
+        &mut self,
+        event: serde_json::Value,
+        elastic: crate::job::Elastic,
+        leader: bool,
+        run: &FitOptions,
+    ) -> Result<(), FitError> {
+        if leader
+            && self.out.is_none()
+            && let Some(p) = &run.metrics
+        {
+            let f = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(|e| io(format!("--metrics {}", p.display()), e))?;
+            self.out = Some(std::io::BufWriter::new(f));
+        }
+        self.leader = leader;
+        self.heals.push(event);
+        self.heal_pending = true;
+        self.elastic = Some(elastic);
+        Ok(())
     }
 
     pub fn steps_done(&self) -> usize {
@@ -87,6 +120,11 @@ impl Record {
         let samples_per_s = global_batch as f64 / (rep.step_ms / 1e3);
         self.comm_total += rep.comm_ms;
         self.first_step_unix_ms.get_or_insert_with(unix_ms);
+        if std::mem::take(&mut self.heal_pending)
+            && let Some(h) = self.heals.last_mut().and_then(|h| h.as_object_mut())
+        {
+            h.insert("first_step_unix_ms".into(), unix_ms().into());
+        }
         self.points.push(PlotPoint {
             step,
             loss: rep.loss as f64,
@@ -266,13 +304,24 @@ impl Record {
         // An elastic restart says so: its epoch, the restarts so far, where it went on from
         // and the steps the failure cost (done in the epoch before, then again in this one).
         if let (Some(el), Some(s)) = (&self.elastic, summary.as_object_mut()) {
-            let lost = self.last_step_before.map(|l| (l + 1).saturating_sub(start));
+            let mut lost = self.last_step_before.map(|l| (l + 1).saturating_sub(start));
+            let recovery = if !self.heals.is_empty() {
+                // Heals from live replicas add the steps they redid.
+                let healed: u64 = self.heals.iter().filter_map(|h| h["steps_lost"].as_u64()).sum();
+                lost = Some(lost.unwrap_or(0) + healed as usize);
+                "live"
+            } else if start > 0 {
+                "checkpoint"
+            } else {
+                "from step 0"
+            };
             s.entry("elastic").or_insert_with(|| {
                 serde_json::json!({
                     "epoch": el.epoch,
                     "restarts": el.restarts,
-                    "recovery": if start > 0 { "checkpoint" } else { "from step 0" },
+                    "recovery": recovery,
                     "steps_lost": lost,
+                    "heals": self.heals,
                 })
             });
             if let Some(n) = lost {

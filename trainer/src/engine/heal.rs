@@ -1,0 +1,258 @@
+//! Healing a trainer from live replicas: after its node joined the next job epoch
+//! ([`crate::heal`]), the trainer takes the new process group ([`Trainer::rebind`]) and the
+//! ranks agree on one state ([`Trainer::agree_state`]): every rank's step count and state
+//! digest are gathered; where ranks holding the same replica differ, the rank with the most
+//! steps sends its state (parameters, f32 master, optimizer tensors and scalars) over the
+//! new epoch's links, and every receiver checks the SHA-256 digest of what it got against
+//! the sender's. Nothing is read from a checkpoint.
+
+use super::Trainer;
+use crate::checkpoint::ScalarValue;
+use crate::optim::ExportedState;
+use crate::strategy::{Scope, Stage};
+use burn::module::Module;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use wiretrain_comm::ProcessGroup;
+
+/// What the ranks agreed on in a heal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agreed {
+    /// Steps the agreed state holds.
+    pub steps: usize,
+    /// Whether some rank received its state from another.
+    pub transferred: bool,
+}
+
+/// One rank's entry in the heal's exchange: its step count and state digest.
+struct Entry {
+    steps: usize,
+    digest: [u8; 32],
+}
+
+/// Optimizer state tensors a state may hold at most (AdamW has two).
+const MAX_STATE_TENSORS: usize = 16;
+
+impl<M: Module> Trainer<M> {
+    /// Why this trainer cannot go on from live replicas after losing a node (`None`: it
+    /// can). DDP and hybrid hold every element of their state on more than one node; the
+    /// others restart from the newest checkpoint.
+    pub fn heal_unsupported(&self) -> Option<String> {
+        let s = self.cfg.strategy;
+        if self.sync.outer().is_some() {
+            return Some("DiLoCo's inner state is not healed from replicas".into());
+        }
+        if self.unit_overlap || s.stage() == Stage::Parameters {
+            return Some(format!(
+                "{s} steps unit by unit, which is not healed from replicas"
+            ));
+        }
+        if s.stage() != Stage::Replicated && s.scope() == Scope::World {
+            return Some(format!(
+                "{s} shards its state over every rank: a lost node's shards exist nowhere else"
+            ));
+        }
+        None
+    }
+
+    /// Takes `pg` (the next epoch's) in place of the process group the job lost. Fails when
+    /// this rank would own other elements in the new world (its state does not fit it) or
+    /// when the step cut off lost the model.
+    pub fn rebind(&mut self, pg: ProcessGroup) -> Result<(), String> {
+        if let Some(why) = self.heal_unsupported() {
+            return Err(why);
+        }
+        if self.model.is_none() {
+            return Err("the model was lost in the step cut off".into());
+        }
+        let owned = self.sync.owned(&pg, &self.held.buckets, self.layout.total());
+        if owned != self.held.owned {
+            return Err(format!(
+                "rank {} of the new world owns other elements than this rank held",
+                pg.rank()
+            ));
+        }
+        self.pg = pg;
+        Ok(())
+    }
+
+    /// Optimizer updates this trainer applied (one per completed step).
+    pub fn updates(&self) -> usize {
+        self.updates
+    }
+
+    /// A collective of the new epoch: every rank states that its state holds `steps` steps;
+    /// ranks of the same replica (the same local rank under hybrid, every rank under DDP)
+    /// whose state differs from the one with the most steps receive that one's, checked
+    /// against its SHA-256 digest. Returns the steps of the agreed state.
+    pub fn agree_state(&mut self, steps: usize) -> Result<Agreed, super::TrainError> {
+        let heal_err = |m: String| super::TrainError::Heal(m);
+        let exported = self.opt.export_state()?;
+        let digest = self.state_digest(&exported);
+        let mut mine = (steps as u64).to_le_bytes().to_vec();
+        mine.extend_from_slice(&digest);
+        let all = self.pg.all_gather_bytes(&mine)?;
+        let entries: Vec<Entry> = all
+            .iter()
+            .enumerate()
+            .map(|(r, b)| {
+                (b.len() == 40)
+                    .then(|| Entry {
+                        steps: u64::from_le_bytes(b[..8].try_into().expect("8")) as usize,
+                        digest: b[8..].try_into().expect("32"),
+                    })
+                    .ok_or_else(|| heal_err(format!("rank {r} sent a malformed state entry")))
+            })
+            .collect::<Result<_, _>>()?;
+        // Under hybrid each local rank's replica is its own state; under DDP all ranks hold
+        // one, but the same rule (per local rank) is exact for both.
+        let table = self.pg.table().clone();
+        let local_of: Vec<usize> = table
+            .nodes()
+            .iter()
+            .flat_map(|n| 0..n.devices.len())
+            .collect();
+        let locals = local_of.iter().copied().max().map_or(0, |m| m + 1);
+        let mut transferred = false;
+        let mut agreed = steps;
+        for l in 0..locals {
+            let group: Vec<usize> = (0..entries.len()).filter(|&r| local_of[r] == l).collect();
+            let Some(&src) = group.iter().max_by_key(|&&r| (entries[r].steps, usize::MAX - r))
+            else {
+                continue;
+            };
+            let want = &entries[src];
+            if local_of[self.pg.rank()] == l {
+                agreed = want.steps;
+            }
+            if group
+                .iter()
+                .all(|&r| entries[r].steps == want.steps && entries[r].digest == want.digest)
+            {
+                continue;
+            }
+            transferred = true;
+            self.receive_state(src, l == local_of[self.pg.rank()], &exported, want)?;
+        }
+        Ok(Agreed {
+            steps: agreed,
+            transferred,
+        })
+    }
+
+    /// The transfer of rank `src`'s state (a collective of the whole world; only ranks with
+    /// `mine` set keep what arrives, and check it against `want`'s digest).
+    fn receive_state(
+        &mut self,
+        src: usize,
+        mine: bool,
+        exported: &ExportedState,
+        want: &Entry,
+    ) -> Result<(), super::TrainError> {
+        let heal_err = |m: String| super::TrainError::Heal(m);
+        let total = self.layout.total();
+        // The header: the optimizer's tensor names and scalars and every buffer's length,
+        // each bounded by the model's size (ranks of another replica may hold other lengths).
+        let names: Vec<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
+        let lens = (self.held.params.len(), self.held.master.len(), self.held.owned_len());
+        let header = serde_json::to_vec(&(names, &exported.scalars, lens))
+            .map_err(|e| heal_err(e.to_string()))?;
+        let header = self.pg.broadcast_bytes(&header, src)?;
+        type Header = (Vec<String>, BTreeMap<String, ScalarValue>, (usize, usize, usize));
+        let (names, scalars, (n_params, n_master, n_owned)): Header =
+            serde_json::from_slice(&header)
+                .map_err(|e| heal_err(format!("rank {src}'s state header: {e}")))?;
+        if names.len() > MAX_STATE_TENSORS || n_params > total || n_master > total || n_owned > total
+        {
+            return Err(heal_err(format!(
+                "rank {src}'s state header is out of bounds ({} optimizer tensors, at most \
+                 {MAX_STATE_TENSORS}; buffers of {n_params}, {n_master}, {n_owned} elements, at \
+                 most {total})",
+                names.len()
+            )));
+        }
+        let keep = mine && self.pg.rank() != src;
+        if keep && (n_params, n_master, n_owned) != lens {
+            return Err(heal_err(format!(
+                "rank {src}'s state has buffers of {n_params}, {n_master}, {n_owned} elements; \
+                 this rank holds {}, {}, {}",
+                lens.0, lens.1, lens.2
+            )));
+        }
+        // What this rank sends (the source) or a buffer of the right length (the others).
+        let buf = |own: &[f32], n: usize| {
+            if own.len() == n {
+                own.to_vec()
+            } else {
+                vec![0.0; n]
+            }
+        };
+        let mut pull = |own: Vec<f32>| -> Result<Vec<f32>, super::TrainError> {
+            if own.is_empty() {
+                return Ok(own);
+            }
+            Ok(self.pg.broadcast(own, src).wait()?)
+        };
+        let params = pull(buf(&self.held.params, n_params))?;
+        let master = pull(buf(&self.held.master, n_master))?;
+        let mut tensors = Vec::with_capacity(names.len());
+        for name in names {
+            let own = exported
+                .tensors
+                .iter()
+                .find(|(n, _)| *n == name)
+                .map_or(&[][..], |(_, v)| &v[..]);
+            let v = pull(buf(own, n_owned))?;
+            tensors.push((name, v));
+        }
+        if !keep {
+            return Ok(());
+        }
+        let state = ExportedState { tensors, scalars };
+        let got = digest_of(&params, &master, &state);
+        if got != want.digest {
+            return Err(heal_err(format!(
+                "the state received from rank {src} does not match its SHA-256 digest \
+                 (sent {}, got {}): the transfer was corrupted",
+                hex(&want.digest),
+                hex(&got)
+            )));
+        }
+        self.opt
+            .import_state(state)
+            .map_err(|e| heal_err(format!("rank {src}'s optimizer state: {e}")))?;
+        self.held.params = params;
+        self.held.master = master;
+        let model = self.model.take().expect("checked by rebind");
+        self.model = Some(self.layout.unflatten(model, &self.held.params));
+        Ok(())
+    }
+
+    /// SHA-256 over this rank's parameters, f32 master and optimizer state.
+    fn state_digest(&self, state: &ExportedState) -> [u8; 32] {
+        digest_of(&self.held.params, &self.held.master, state)
+    }
+}
+
+/// SHA-256 over parameters, master and optimizer state (each buffer with its length).
+fn digest_of(params: &[f32], master: &[f32], state: &ExportedState) -> [u8; 32] {
+    let mut h = Sha256::new();
+    let mut floats = |v: &[f32]| {
+        h.update((v.len() as u64).to_le_bytes());
+        h.update(bytemuck::cast_slice::<f32, u8>(v));
+    };
+    floats(params);
+    floats(master);
+    for (_, v) in &state.tensors {
+        floats(v);
+    }
+    for (n, _) in &state.tensors {
+        h.update(n.as_bytes());
+    }
+    h.update(serde_json::to_vec(&state.scalars).unwrap_or_default());
+    h.finalize().into()
+}
+
+fn hex(d: &[u8]) -> String {
+    d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,116 @@
+//! A step cut off by a lost node, healed from live replicas ([`crate::heal`]): the rank joins
+//! the next epoch through its node's [`Healer`], the trainer takes the new process group and
+//! the ranks agree on one state (transferring it, checksummed, where replicas differ); the
+//! sampler and the pace follow the new world, the record and the trace mark the heal, and the
+//! loop goes on from the agreed step (redoing the step cut off unless it was applied).
+
+use super::pace::Pace;
+use super::record::{Record, unix_ms};
+use super::{FitError, FitOptions};
+use crate::data::DistributedSampler;
+use crate::engine::{TrainError, Trainer};
+use crate::heal::Healer;
+use burn::module::Module;
+use std::sync::Arc;
+
+/// The step a failure cut off, and whether its update was applied before it failed.
+pub(super) struct Cut {
+    pub step: usize,
+    pub applied: bool,
+}
+
+/// The healer to go on with after `e`: a communication failure, in a run that heals, under a
+/// strategy whose state lives on more than one node. `None`: the run fails with `e`.
+pub(super) fn healable<M: Module>(
+    run: &FitOptions,
+    trainer: &Trainer<M>,
+    e: &FitError,
+) -> Option<Arc<Healer>> {
+    let h = run.heal.clone()?;
+    if !matches!(e, FitError::Comm(_) | FitError::Train(TrainError::Comm(_))) {
+        return None;
+    }
+    if let Some(why) = trainer.heal_unsupported() {
+        tracing::info!("no heal from live replicas ({why}): the launcher restarts from a checkpoint");
+        return None;
+    }
+    Some(h)
+}
+
+/// Heals after `e` cut off `cut`; returns the step to go on from.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn heal<M: Module>(
+    trainer: &mut Trainer<M>,
+    sampler: &mut DistributedSampler,
+    pace: &mut Pace,
+    rec: &mut Record,
+    run: &FitOptions,
+    h: &Healer,
+    cut: Cut,
+    e: FitError,
+) -> Result<usize, FitError> {
+    let detected = unix_ms();
+    let reason = e.to_string();
+    let failure = format!("step {} failed: {reason}", cut.step);
+    let fail = |why: String| FitError::Heal {
+        failure: failure.clone(),
+        why,
+    };
+    let done = cut.step + usize::from(cut.applied);
+    let pg = trainer.process_group();
+    let (local, was_leader) = (pg.local_rank(), pg.rank() == 0);
+    if was_leader {
+        rec.bar
+            .suspend(|| eprintln!("wiretrain: {failure}; healing from live replicas"));
+    }
+    let rj = h
+        .rejoin(local, done, &reason)
+        .map_err(|x| fail(x.to_string()))?;
+    trainer.rebind(rj.pg).map_err(fail)?;
+    let agreed = trainer
+        .agree_state(done)
+        .map_err(|x| fail(x.to_string()))?;
+    let pg = trainer.process_group();
+    let (rank, node, world, nodes) = (pg.rank(), pg.node(), pg.world(), pg.table().num_nodes());
+    sampler.rebind(rank, world).map_err(fail)?;
+    *pace = Pace::new(trainer, run);
+    let lost = (cut.step + 1).saturating_sub(agreed.steps);
+    let healed = unix_ms();
+    let event = serde_json::json!({
+        "epoch": rj.elastic.epoch,
+        "world": world,
+        "nodes": nodes,
+        "failed_step": cut.step,
+        "went_on_from": agreed.steps,
+        "steps_lost": lost,
+        "state_transferred": agreed.transferred,
+        "detected_unix_ms": detected,
+        "healed_unix_ms": healed,
+        "reason": reason,
+    });
+    crate::trace::heal_marker(
+        rank,
+        node,
+        rj.elastic.epoch,
+        serde_json::json!({ "epoch": rj.elastic.epoch, "restarts": rj.elastic.restarts }),
+    );
+    let epoch = rj.elastic.epoch;
+    rec.healed(event, rj.elastic, rank == 0, run)?;
+    if rank == 0 {
+        rec.bar.suspend(|| {
+            eprintln!(
+                "wiretrain: healed from live replicas: epoch {epoch} on {nodes} node(s) \
+                 ({world} ranks), going on from step {} with no checkpoint read ({lost} step(s) \
+                 lost, state {}), {} ms after the failure",
+                agreed.steps,
+                if agreed.transferred {
+                    "sent from a replica"
+                } else {
+                    "identical on every replica"
+                },
+                healed.saturating_sub(detected)
+            )
+        });
+    }
+    Ok(agreed.steps)
+}

@@ -1,0 +1,366 @@
+//! Replica healing: a node whose peer is lost keeps its process, its model and its optimizer
+//! state, asks its elastic launcher for its place in the next job epoch, joins that epoch
+//! in-process and goes on from the live state, with no checkpoint read ([`crate::fit`] does
+//! the rest: rebinding the trainer, agreeing on the state, redoing the step cut off).
+//!
+//! The launcher and its node processes talk through files in the heal directory
+//! (`WIRETRAIN_HEAL_DIR`, which `wiretrain launch --max-restarts` sets): a node that lost its
+//! job writes `ready-<pid>.json` ([`Ready`]); the launcher answers with `assign-<pid>.json`
+//! ([`Answer`]): the node's rank, the world and the coordinator of the new epoch, or a stop
+//! (the launcher restarts from a checkpoint instead). Every file is written whole (a
+//! temporary file, then a rename). A node waits for its answer at most [`Healer::wait`].
+//!
+//! One [`Healer`] serves all local ranks of a node: each rank's thread calls
+//! [`Healer::rejoin`]; the last to arrive drops the old [`Node`], asks, joins the new epoch
+//! and hands every rank its new [`ProcessGroup`].
+
+use crate::job::{Elastic, JobOptions};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+use wiretrain_comm::abort::Aborter;
+use wiretrain_comm::{Node, ProcessGroup};
+
+/// Why a node could not heal (it then fails as it would without healing).
+#[derive(Debug, thiserror::Error)]
+pub enum HealError {
+    #[error("no answer from the elastic launcher in {dir} within {secs:.0} s")]
+    NoAnswer { dir: PathBuf, secs: f64 },
+    #[error("the elastic launcher does not heal this failure: {0}")]
+    Refused(String),
+    #[error("the heal directory {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the launcher's answer {path} is not valid: {reason}")]
+    BadAnswer { path: PathBuf, reason: String },
+    #[error("joining epoch {epoch}: {source}")]
+    Join {
+        epoch: u64,
+        #[source]
+        source: wiretrain_comm::Error,
+    },
+    #[error("stopped by a signal while waiting for the next epoch")]
+    Stopped,
+    #[error("another local rank could not heal: {0}")]
+    Other(String),
+}
+
+/// What a node that lost its job tells the launcher.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Ready {
+    pub pid: u32,
+    /// The epoch it lost.
+    pub epoch: u64,
+    /// Steps its state holds (the smallest over its local ranks).
+    pub step: usize,
+    /// The error that ended the epoch for it.
+    pub reason: String,
+    pub unix_ms: u64,
+}
+
+/// A node's place in the next epoch.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct Assignment {
+    pub epoch: u64,
+    pub nnodes: usize,
+    pub node_rank: usize,
+    /// The coordinator (node 0 binds it, port 0 for any).
+    pub master: String,
+    pub bind: Option<SocketAddr>,
+    /// Node 0 writes its address and certificate fingerprint here.
+    pub addr_file: Option<PathBuf>,
+    pub fingerprint_file: Option<PathBuf>,
+    /// Node 0's certificate, pinned by the others.
+    pub master_sha256: Option<String>,
+    /// The launch's restarts and heals so far (as `WIRETRAIN_RESTARTS`).
+    pub restarts: serde_json::Value,
+}
+
+/// The launcher's answer to [`Ready`].
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Answer {
+    Assign(Assignment),
+    /// No heal: the node fails (its launcher restarts the job from a checkpoint).
+    Stop(String),
+}
+
+/// The file a node writes when it has lost its job.
+pub fn ready_file(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("ready-{pid}.json"))
+}
+
+/// The file the launcher answers in.
+pub fn answer_file(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("assign-{pid}.json"))
+}
+
+/// Writes `value` as JSON to `path` whole: a temporary file, then a rename.
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
+    let tmp = path.with_extension("tmp");
+    let bytes = serde_json::to_vec(value).map_err(std::io::Error::other)?;
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// A rank's new place after a heal.
+pub struct Rejoined {
+    pub pg: ProcessGroup,
+    /// The new epoch and the launch's restarts and heals so far.
+    pub elastic: Elastic,
+}
+
+struct Round {
+    node: Option<Node>,
+    /// Ranks that arrived in this round, and the smallest step among them.
+    arrived: usize,
+    step: usize,
+    reason: String,
+    round: u64,
+    /// The new groups by local rank, and the epoch's record, once the round is done.
+    groups: Vec<Option<ProcessGroup>>,
+    aborters: Vec<Option<Aborter>>,
+    outcome: Option<Result<Elastic, String>>,
+    epoch: u64,
+    /// A local rank that ended without healing (its error): the others stop waiting.
+    abandoned: Option<String>,
+}
+
+/// A node's healing: holds its [`Node`] and brings its local ranks into the next epoch.
+pub struct Healer {
+    dir: PathBuf,
+    opts: JobOptions,
+    devices: Vec<String>,
+    ranks: usize,
+    stop: Arc<AtomicBool>,
+    /// How long a node waits for the launcher's answer.
+    pub wait: Duration,
+    state: Mutex<Round>,
+    cv: Condvar,
+}
+
+impl std::fmt::Debug for Healer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Healer")
+            .field("dir", &self.dir)
+            .field("ranks", &self.ranks)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Healer {
+    /// The healer of `node`, joined with `opts` (whose heal directory is `dir`), its ranks on
+    /// `devices`.
+    pub fn new(
+        dir: PathBuf,
+        opts: JobOptions,
+        devices: Vec<String>,
+        node: Node,
+        stop: Arc<AtomicBool>,
+    ) -> Self {
+        let ranks = opts.ranks();
+        let epoch = opts.epoch.unwrap_or(0);
+        Self {
+            dir,
+            opts,
+            devices,
+            ranks,
+            stop,
+            wait: Duration::from_secs(60),
+            state: Mutex::new(Round {
+                node: Some(node),
+                arrived: 0,
+                step: usize::MAX,
+                reason: String::new(),
+                round: 0,
+                groups: Vec::new(),
+                aborters: Vec::new(),
+                outcome: None,
+                epoch,
+                abandoned: None,
+            }),
+            cv: Condvar::new(),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Round> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The node of the current epoch (at the end of the run).
+    pub fn take_node(&self) -> Option<Node> {
+        self.lock().node.take()
+    }
+
+    /// The aborter of local rank `local`'s current process group (after a heal, the new
+    /// epoch's), `None` before any heal.
+    pub fn aborter(&self, local: usize) -> Option<Aborter> {
+        self.lock().aborters.get(local).cloned().flatten()
+    }
+
+    /// A local rank ended without healing (`why`): ranks waiting for it in
+    /// [`Healer::rejoin`] fail at once.
+    pub fn abandon(&self, why: &str) {
+        let mut st = self.lock();
+        st.abandoned.get_or_insert_with(|| why.to_string());
+        self.cv.notify_all();
+    }
+
+    /// Local rank `local` lost its job with `reason`, its state holding `step` steps: waits
+    /// for every local rank, then (the last to arrive) drops the old node, asks the launcher
+    /// and joins the next epoch. Returns this rank's new process group.
+    pub fn rejoin(&self, local: usize, step: usize, reason: &str) -> Result<Rejoined, HealError> {
+        let mut st = self.lock();
+        if let Some(why) = &st.abandoned {
+            return Err(HealError::Other(why.clone()));
+        }
+        let round = st.round;
+        st.arrived += 1;
+        st.step = st.step.min(step);
+        if st.reason.is_empty() {
+            st.reason = reason.to_string();
+        }
+        if st.arrived == self.ranks {
+            let outcome = self.heal_node(&mut st);
+            st.outcome = Some(outcome.as_ref().map_err(|e| e.to_string()).cloned());
+            st.arrived = 0;
+            st.step = usize::MAX;
+            st.reason.clear();
+            st.round += 1;
+            self.cv.notify_all();
+            outcome?;
+        } else {
+            let limit = self.wait + Duration::from_secs(60);
+            let t0 = Instant::now();
+            while st.round == round {
+                if let Some(why) = &st.abandoned {
+                    return Err(HealError::Other(why.clone()));
+                }
+                let left = limit.saturating_sub(t0.elapsed());
+                if left.is_zero() {
+                    return Err(HealError::Other(
+                        "the node's other ranks did not reach the heal".into(),
+                    ));
+                }
+                st = self
+                    .cv
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+        }
+        let elastic = match st.outcome.clone() {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => return Err(HealError::Other(e)),
+            None => return Err(HealError::Other("no outcome".into())),
+        };
+        let pg = st
+            .groups
+            .get_mut(local)
+            .and_then(Option::take)
+            .ok_or_else(|| HealError::Other(format!("no process group for local rank {local}")))?;
+        Ok(Rejoined { pg, elastic })
+    }
+
+    /// The node's part of a heal (under the lock): the old node goes, the launcher's answer,
+    /// the new node.
+    fn heal_node(&self, st: &mut Round) -> Result<Elastic, HealError> {
+        // The old node's connections close; its peers (if any are alive) see it leave.
+        drop(st.node.take());
+        let pid = std::process::id();
+        let ready = Ready {
+            pid,
+            epoch: st.epoch,
+            step: st.step,
+            reason: st.reason.clone(),
+            unix_ms: unix_ms(),
+        };
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| HealError::Io { path, source }
+        };
+        let answer_path = answer_file(&self.dir, pid);
+        let _ = std::fs::remove_file(&answer_path);
+        let ready_path = ready_file(&self.dir, pid);
+        write_json(&ready_path, &ready).map_err(io(&ready_path))?;
+        let t0 = Instant::now();
+        let bytes = loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return Err(HealError::Stopped);
+            }
+            match std::fs::read(&answer_path) {
+                Ok(b) => break b,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(&answer_path)(e)),
+            }
+            if t0.elapsed() > self.wait {
+                return Err(HealError::NoAnswer {
+                    dir: self.dir.clone(),
+                    secs: self.wait.as_secs_f64(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let _ = std::fs::remove_file(&answer_path);
+        let bad = |reason: String| HealError::BadAnswer {
+            path: answer_path.clone(),
+            reason,
+        };
+        if bytes.len() > 1 << 20 {
+            return Err(bad(format!("{} bytes (at most 1 MiB)", bytes.len())));
+        }
+        let a = match serde_json::from_slice::<Answer>(&bytes).map_err(|e| bad(e.to_string()))? {
+            Answer::Stop(why) => return Err(HealError::Refused(why)),
+            Answer::Assign(a) => a,
+        };
+        if a.node_rank >= a.nnodes || a.epoch <= st.epoch {
+            return Err(bad(format!(
+                "node {} of {} in epoch {} (this node was in epoch {})",
+                a.node_rank, a.nnodes, a.epoch, st.epoch
+            )));
+        }
+        let mut opts = self.opts.clone();
+        opts.nnodes = Some(a.nnodes);
+        opts.node_rank = Some(a.node_rank);
+        opts.master = Some(a.master.clone());
+        opts.bind = a.bind;
+        opts.addr_file = a.addr_file.clone();
+        opts.fingerprint_file = a.fingerprint_file.clone();
+        opts.master_sha256 = a.master_sha256.clone();
+        opts.epoch = Some(a.epoch);
+        let mut cfg = opts.node_config().map_err(|e| bad(e.to_string()))?;
+        cfg.devices(self.devices.clone())
+            .map_err(|e| bad(e.to_string()))?;
+        let mut node = Node::join(cfg).map_err(|source| HealError::Join {
+            epoch: a.epoch,
+            source,
+        })?;
+        let groups = node.take_groups();
+        st.aborters = groups.iter().map(|g| Some(g.aborter())).collect();
+        st.groups = groups.into_iter().map(Some).collect();
+        st.node = Some(node);
+        st.epoch = a.epoch;
+        tracing::info!(
+            epoch = a.epoch,
+            nnodes = a.nnodes,
+            node = a.node_rank,
+            "healed: joined the next epoch"
+        );
+        Ok(Elastic {
+            epoch: a.epoch,
+            restarts: a.restarts,
+        })
+    }
+}
+
+/// Now, in milliseconds since the Unix epoch.
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
