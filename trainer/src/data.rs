@@ -86,7 +86,14 @@ impl DistributedSampler {
     /// global batches stay the same, only this rank's slice of them changes. Fails as
     /// [`Self::new`] does when the global batch does not divide by the new world.
     pub fn rebind(&mut self, rank: usize, world: usize) -> Result<(), String> {
-        let checked = Self::build(self.len, self.global_batch, world, rank, self.seed, self.even)?;
+        let checked = Self::build(
+            self.len,
+            self.global_batch,
+            world,
+            rank,
+            self.seed,
+            self.even,
+        )?;
         self.world = checked.world;
         self.rank = checked.rank;
         Ok(())

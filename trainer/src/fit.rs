@@ -204,7 +204,16 @@ pub fn fit<M: Module>(
                 };
                 let applied = trainer.updates() > before;
                 let cx = heal::Cut { step, applied };
-                step = heal::heal(&mut trainer, &mut sampler, &mut pace, &mut rec, run, &h, cx, e)?;
+                step = heal::heal(
+                    &mut trainer,
+                    &mut sampler,
+                    &mut pace,
+                    &mut rec,
+                    run,
+                    &h,
+                    cx,
+                    e,
+                )?;
                 leader = trainer.process_group().rank() == 0;
                 continue;
             }

@@ -42,6 +42,9 @@ pub(super) struct Restart {
     pub world: usize,
     /// Why the epoch before ended.
     pub reason: String,
+    /// "checkpoint" (the nodes restarted from the newest checkpoint) or "live" (they healed
+    /// from live replicas, without restarting).
+    pub recovery: &'static str,
     /// When the first node failure was seen and when the new epoch's nodes were started (ms
     /// since the Unix epoch).
     pub detected_unix_ms: u64,

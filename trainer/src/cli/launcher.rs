@@ -23,6 +23,7 @@ use wiretrain_comm::tls::Token;
 
 pub use super::elastic::Elastic;
 use super::elastic::{Restart, describe_restart, killed, strip_switch, unix_ms_at};
+use super::heal_local::{Healing, Slot, wait_healing};
 
 /// Why a local launch failed.
 #[derive(Debug, thiserror::Error)]
@@ -257,60 +258,88 @@ pub fn run_local(
     let stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
     let mut history: Vec<Restart> = Vec::new();
     let mut world = nodes;
-    loop {
+    // Where the nodes of an elastic launch ask for their place after losing a peer (heals
+    // from live replicas, see heal_local); kept across the launch's epochs.
+    let heal_dir = match elastic.max_restarts {
+        0 => None,
+        _ => Some(temp_dir()?),
+    };
+    let res = loop {
         let epoch = history.len();
         let target = target.for_epoch(epoch, elastic.resume_flag);
         let restarts = serde_json::to_string(&history).unwrap_or_else(|_| "[]".into());
-        let launch = LocalLaunch::new(world, &target, epoch, restarts)?;
-        let outcome = launch.run(grace);
+        let mut launch = LocalLaunch::new(world, &target, epoch, restarts)?;
+        launch.heal_dir = heal_dir.clone();
+        let outcome = launch.run(grace, elastic, &mut history);
         PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let _ = std::fs::remove_dir_all(&launch.dir);
         if stop.load(Ordering::SeqCst) {
-            return Err(LaunchError::Interrupted);
+            break Err(LaunchError::Interrupted);
         }
-        let (status, detected) = match outcome {
-            Ok(Ended { status, detected }) => (status, detected),
-            Err(e) => return Err(e),
-        };
-        let res = verdict(&status);
-        let Err(LaunchError::Failed { failures, code }) = res else {
-            return res;
-        };
-        let lost: Vec<usize> = (0..world)
-            .filter(|&i| status[i].is_some_and(killed))
-            .collect();
-        let usage = status.iter().flatten().any(|s| s.code() == Some(2));
-        let left = world - lost.len();
-        if history.len() >= elastic.max_restarts || usage || left < elastic.min.max(1) {
-            let mut failures = failures;
-            if !history.is_empty() {
-                let h: Vec<String> = history.iter().map(describe_restart).collect();
-                failures.push(format!(
-                    "after {} restart(s): {}",
-                    history.len(),
-                    h.join("; ")
-                ));
-            }
-            return Err(LaunchError::Failed { failures, code });
+        match outcome {
+            Ok(ended) => match next_epoch(ended, &mut history, elastic) {
+                Ok(Some(w)) => world = w,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            },
+            Err(e) => break Err(e),
         }
-        let r = Restart {
-            epoch: epoch + 1,
-            left: lost,
-            joined: Vec::new(),
-            world: left,
-            reason: failures.join("; "),
-            detected_unix_ms: detected.map_or(0, unix_ms_at),
-            restarted_unix_ms: unix_ms_at(Instant::now()),
-        };
-        eprintln!(
-            "wiretrain launch: elastic restart {} of {}: {}",
-            history.len() + 1,
-            elastic.max_restarts,
-            describe_restart(&r)
-        );
-        history.push(r);
-        world = left;
+    };
+    if let Some(d) = heal_dir {
+        let _ = std::fs::remove_dir_all(d);
     }
+    res
+}
+
+/// After an epoch of a local launch ended: `None` when the launch is done, else the world of
+/// the restart (from the newest checkpoint) that follows; an error when it may not restart.
+fn next_epoch(
+    ended: Ended,
+    history: &mut Vec<Restart>,
+    elastic: Elastic,
+) -> Result<Option<usize>, LaunchError> {
+    let world = ended.status.len();
+    let epoch = history.len();
+    let Ended { status, detected } = ended;
+    let res = verdict(&status);
+    let Err(LaunchError::Failed { failures, code }) = res else {
+        return res.map(|()| None);
+    };
+    let lost: Vec<usize> = (0..world)
+        .filter(|&i| status[i].is_some_and(killed))
+        .collect();
+    let usage = status.iter().flatten().any(|s| s.code() == Some(2));
+    let left = world - lost.len();
+    if history.len() >= elastic.max_restarts || usage || left < elastic.min.max(1) {
+        let mut failures = failures;
+        if !history.is_empty() {
+            let h: Vec<String> = history.iter().map(describe_restart).collect();
+            failures.push(format!(
+                "after {} restart(s): {}",
+                history.len(),
+                h.join("; ")
+            ));
+        }
+        return Err(LaunchError::Failed { failures, code });
+    }
+    let r = Restart {
+        epoch: epoch + 1,
+        left: lost,
+        joined: Vec::new(),
+        world: left,
+        reason: failures.join("; "),
+        recovery: "checkpoint",
+        detected_unix_ms: detected.map_or(0, unix_ms_at),
+        restarted_unix_ms: unix_ms_at(Instant::now()),
+    };
+    eprintln!(
+        "wiretrain launch: elastic restart {} of {}: {}",
+        history.len() + 1,
+        elastic.max_restarts,
+        describe_restart(&r)
+    );
+    history.push(r);
+    Ok(Some(left))
 }
 
 /// What every node process of one local launch is started with, and the files through which
@@ -326,6 +355,8 @@ struct LocalLaunch<'a> {
     fingerprint_file: PathBuf,
     token: String,
     job_id: String,
+    /// Set: the nodes heal from live replicas where they can (an elastic launch).
+    heal_dir: Option<PathBuf>,
 }
 
 impl<'a> LocalLaunch<'a> {
@@ -354,6 +385,7 @@ impl<'a> LocalLaunch<'a> {
             dir,
             token,
             job_id,
+            heal_dir: None,
         })
     }
 
@@ -378,6 +410,9 @@ impl<'a> LocalLaunch<'a> {
             .env(env::JOB_ID, &self.job_id)
             .env(env::EPOCH, self.epoch.to_string())
             .env(env::RESTARTS, &self.restarts);
+        if let Some(d) = &self.heal_dir {
+            c.env(env::HEAL_DIR, d);
+        }
         // Node 0 says which certificate it holds; the others pin exactly that one.
         if node == 0 {
             c.env(env::FINGERPRINT_FILE, &self.fingerprint_file);
@@ -393,12 +428,36 @@ impl<'a> LocalLaunch<'a> {
         Ok(child)
     }
 
-    /// Starts every node and waits for them all.
-    fn run(&self, grace: Duration) -> Result<Ended, LaunchError> {
+    /// Starts every node and waits for them all (healing lost nodes where it may: heals
+    /// join `history`).
+    fn run(
+        &self,
+        grace: Duration,
+        elastic: Elastic,
+        history: &mut Vec<Restart>,
+    ) -> Result<Ended, LaunchError> {
         let mut children = vec![self.spawn(0, "127.0.0.1:0", None)?];
         let master = self.wait_for_master(&mut children[0])?;
         self.spawn_others(&mut children, &master)?;
-        wait_all(children, grace)
+        let Some(dir) = &self.heal_dir else {
+            return wait_all(children, grace);
+        };
+        let slots = children
+            .into_iter()
+            .enumerate()
+            .map(|(i, child)| Slot {
+                child,
+                ip: node_ip(i),
+                status: None,
+            })
+            .collect();
+        let mut h = Healing {
+            dir,
+            elastic,
+            history,
+            epoch: self.epoch,
+        };
+        wait_healing(slots, grace, &mut h)
     }
 
     /// Node 0's address, once it has written it; fails (removing the launch's directory) when
@@ -449,9 +508,9 @@ impl<'a> LocalLaunch<'a> {
 /// How an epoch of a local launch ended: every node's exit status (`None`: it had to be
 /// killed after the grace period, or could not be waited for) and when the first failure was
 /// seen.
-struct Ended {
-    status: Vec<Option<ExitStatus>>,
-    detected: Option<Instant>,
+pub(super) struct Ended {
+    pub status: Vec<Option<ExitStatus>>,
+    pub detected: Option<Instant>,
 }
 
 fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<Ended, LaunchError> {

@@ -6,6 +6,7 @@ pub mod bench_compute;
 pub mod devices;
 pub mod elastic;
 pub mod export;
+pub mod heal_local;
 pub mod launch;
 pub mod launcher;
 pub mod node;

@@ -387,6 +387,7 @@ impl Host {
             joined,
             world: after.len(),
             reason,
+            recovery: "checkpoint",
             detected_unix_ms: unix_ms_at(detected.into_std()),
             restarted_unix_ms: unix_ms_at(std::time::Instant::now()),
         };

@@ -42,7 +42,7 @@ impl<M: Module> Trainer<M> {
         if self.sync.outer().is_some() {
             return Some("DiLoCo's inner state is not healed from replicas".into());
         }
-        if self.unit_overlap || s.stage() == Stage::Parameters {
+        if s.stage() == Stage::Parameters {
             return Some(format!(
                 "{s} steps unit by unit, which is not healed from replicas"
             ));
@@ -65,7 +65,9 @@ impl<M: Module> Trainer<M> {
         if self.model.is_none() {
             return Err("the model was lost in the step cut off".into());
         }
-        let owned = self.sync.owned(&pg, &self.held.buckets, self.layout.total());
+        let owned = self
+            .sync
+            .owned(&pg, &self.held.buckets, self.layout.total());
         if owned != self.held.owned {
             return Err(format!(
                 "rank {} of the new world owns other elements than this rank held",
@@ -117,7 +119,9 @@ impl<M: Module> Trainer<M> {
         let mut agreed = steps;
         for l in 0..locals {
             let group: Vec<usize> = (0..entries.len()).filter(|&r| local_of[r] == l).collect();
-            let Some(&src) = group.iter().max_by_key(|&&r| (entries[r].steps, usize::MAX - r))
+            let Some(&src) = group
+                .iter()
+                .max_by_key(|&&r| (entries[r].steps, usize::MAX - r))
             else {
                 continue;
             };
@@ -154,15 +158,26 @@ impl<M: Module> Trainer<M> {
         // The header: the optimizer's tensor names and scalars and every buffer's length,
         // each bounded by the model's size (ranks of another replica may hold other lengths).
         let names: Vec<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
-        let lens = (self.held.params.len(), self.held.master.len(), self.held.owned_len());
+        let lens = (
+            self.held.params.len(),
+            self.held.master.len(),
+            self.held.owned_len(),
+        );
         let header = serde_json::to_vec(&(names, &exported.scalars, lens))
             .map_err(|e| heal_err(e.to_string()))?;
         let header = self.pg.broadcast_bytes(&header, src)?;
-        type Header = (Vec<String>, BTreeMap<String, ScalarValue>, (usize, usize, usize));
+        type Header = (
+            Vec<String>,
+            BTreeMap<String, ScalarValue>,
+            (usize, usize, usize),
+        );
         let (names, scalars, (n_params, n_master, n_owned)): Header =
             serde_json::from_slice(&header)
                 .map_err(|e| heal_err(format!("rank {src}'s state header: {e}")))?;
-        if names.len() > MAX_STATE_TENSORS || n_params > total || n_master > total || n_owned > total
+        if names.len() > MAX_STATE_TENSORS
+            || n_params > total
+            || n_master > total
+            || n_owned > total
         {
             return Err(heal_err(format!(
                 "rank {src}'s state header is out of bounds ({} optimizer tensors, at most \

@@ -211,14 +211,18 @@ impl<M: Units> Trainer<M> {
             clock: &clock,
         };
         let model = self.model.take().expect("model present between steps");
-        let (model, fw) = self.forward_units(model, input, loss_fn, &pass)?;
-        let loss = fw.loss;
-        let (model, grad) = self.backward_units(model, fw, &pass)?;
-        // Compute is what the step did besides waiting for its collectives.
-        let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
-        clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
-        let (mut cx, sync) = self.sync_cx(&clock);
-        sync.update(&mut cx, &grad, 1.0)?;
+        // Stages 0-2 keep the module of the last step (handles, not copies of the tensors):
+        // a step cut off by a lost node leaves the trainer whole, and a heal goes on.
+        let kept = (!sharded).then(|| model.clone());
+        let (model, loss) = match self.unit_pass(model, input, loss_fn, &pass) {
+            Ok(v) => v,
+            Err(e) => {
+                if kept.is_some() {
+                    self.model = kept;
+                }
+                return Err(e);
+            }
+        };
         self.updates += 1;
         let model = if sharded {
             model
@@ -227,6 +231,27 @@ impl<M: Units> Trainer<M> {
             self.layout.unflatten(model, &self.held.params)
         };
         self.finish_step(model, loss, &clock)
+    }
+
+    /// The unit-by-unit passes and the update of [`Trainer::step_units`]: the module back and
+    /// this rank's loss.
+    fn unit_pass(
+        &mut self,
+        model: M,
+        input: Act,
+        loss_fn: impl FnOnce(Act) -> Tensor<1>,
+        pass: &Pass<'_>,
+    ) -> Result<(M, f32), TrainError> {
+        let (model, fw) = self.forward_units(model, input, loss_fn, pass)?;
+        let loss = fw.loss;
+        let (model, grad) = self.backward_units(model, fw, pass)?;
+        // Compute is what the step did besides waiting for its collectives.
+        let clock = pass.clock;
+        let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
+        clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
+        let (mut cx, sync) = self.sync_cx(clock);
+        sync.update(&mut cx, &grad, 1.0)?;
+        Ok((model, loss))
     }
 
     /// Stage 3: makes unit `u` (the next of `g`'s order) whole in the module, issuing the

@@ -31,7 +31,9 @@ pub(super) fn healable<M: Module>(
         return None;
     }
     if let Some(why) = trainer.heal_unsupported() {
-        tracing::info!("no heal from live replicas ({why}): the launcher restarts from a checkpoint");
+        tracing::info!(
+            "no heal from live replicas ({why}): the launcher restarts from a checkpoint"
+        );
         return None;
     }
     Some(h)
@@ -67,9 +69,7 @@ pub(super) fn heal<M: Module>(
         .rejoin(local, done, &reason)
         .map_err(|x| fail(x.to_string()))?;
     trainer.rebind(rj.pg).map_err(fail)?;
-    let agreed = trainer
-        .agree_state(done)
-        .map_err(|x| fail(x.to_string()))?;
+    let agreed = trainer.agree_state(done).map_err(|x| fail(x.to_string()))?;
     let pg = trainer.process_group();
     let (rank, node, world, nodes) = (pg.rank(), pg.node(), pg.world(), pg.table().num_nodes());
     sampler.rebind(rank, world).map_err(fail)?;

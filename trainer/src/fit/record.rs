@@ -307,7 +307,11 @@ impl Record {
             let mut lost = self.last_step_before.map(|l| (l + 1).saturating_sub(start));
             let recovery = if !self.heals.is_empty() {
                 // Heals from live replicas add the steps they redid.
-                let healed: u64 = self.heals.iter().filter_map(|h| h["steps_lost"].as_u64()).sum();
+                let healed: u64 = self
+                    .heals
+                    .iter()
+                    .filter_map(|h| h["steps_lost"].as_u64())
+                    .sum();
                 lost = Some(lost.unwrap_or(0) + healed as usize);
                 "live"
             } else if start > 0 {
