@@ -106,9 +106,6 @@ pub struct Trainer<M: Module> {
     sample_weight: f32,
     /// The run id written into checkpoint manifests (fresh per run, kept across resume).
     run_id: String,
-    /// Optimizer updates applied by this trainer (what a heal compares to tell whether the
-    /// step cut off was applied).
-    updates: usize,
 }
 
 impl<M: Module> Trainer<M> {
@@ -188,7 +185,6 @@ impl<M: Module> Trainer<M> {
             busy_at_start: Duration::ZERO,
             sample_weight: 1.0,
             run_id: format!("{:016x}", rand::random::<u64>()),
-            updates: 0,
         };
         trainer.reset_master();
         Ok(trainer)
@@ -425,7 +421,6 @@ impl<M: Module> Trainer<M> {
             self.model = Some(model);
             return Err(e);
         }
-        self.updates += 1;
         let unflatten = clock.enter(Phase::Compute, "unflatten");
         let model = self.layout.unflatten(model, &self.held.params);
         drop(unflatten);

@@ -24,6 +24,10 @@ pub struct Faults {
     /// One rank computes `factor` times slower (it sleeps its compute time again), as a
     /// slower device would: the `--balance speed` demo.
     pub slowdown: Option<Slowdown>,
+    /// The ranks of this node (numbered in the epoch before) hold a state that differs from
+    /// the other replicas' when they heal (their parameters nudged), so the heal must send
+    /// them a replica's state.
+    pub heal_diverge: Option<usize>,
 }
 
 /// Stall the checkpoint of `from_step` and later ones, on every rank or only on `rank`.
@@ -131,6 +135,8 @@ impl Faults {
             }),
             // ms
             stall_prune: test("WIRETRAIN_TEST_STALL_PRUNE").and_then(|v| ms(&v)),
+            // node
+            heal_diverge: test("WIRETRAIN_TEST_HEAL_DIVERGE").and_then(|v| v.parse().ok()),
             // rank:factor
             slowdown: var("WIRETRAIN_DEBUG_SLOWDOWN").and_then(|v| {
                 let (r, f) = v.split_once(':')?;
@@ -168,6 +174,7 @@ mod tests {
             ("WIRETRAIN_TEST_SLOW_STEP", "1:2:15000"),
             ("WIRETRAIN_TEST_SLOW_RANK", "2:30"),
             ("WIRETRAIN_TEST_STALL_PRUNE", "300"),
+            ("WIRETRAIN_TEST_HEAL_DIVERGE", "1"),
             ("WIRETRAIN_DEBUG_SLOWDOWN", "1:3"),
         ]);
         // The documented demo knob works in every build; the test faults only with test-hooks.
@@ -181,6 +188,7 @@ mod tests {
             assert_eq!(f.step_delay(0, 2), None);
             assert_eq!(f.rank_delay(2), Some(Duration::from_millis(30)));
             assert_eq!(f.stall_prune, Some(Duration::from_millis(300)));
+            assert_eq!(f.heal_diverge, Some(1));
         } else {
             assert_eq!(
                 f,

@@ -196,7 +196,19 @@ pub fn fit<M: Module>(
     let mut step = start;
     while step < run.steps {
         let before = trainer.updates();
-        let rep = match pace.step(&mut trainer, &mut sampler, step, run, &mut step_fn) {
+        // The step, its record and its checkpoint; a lost node may cut any of them off.
+        let res = pace
+            .step(&mut trainer, &mut sampler, step, run, &mut step_fn)
+            .and_then(|rep| {
+                if run.trace.is_some() {
+                    crate::trace::add_comm_track(trainer.process_group());
+                }
+                rec.step(step, &rep, run.global_batch, &pace.shares)?;
+                let bar = (leader).then_some(&rec.bar);
+                save_due(&mut trainer, run, &run_meta, step + 1, rep.stop, bar)?;
+                Ok(rep)
+            });
+        let rep = match res {
             Ok(rep) => rep,
             Err(e) => {
                 let Some(h) = heal::healable(run, &trainer, &e) else {
@@ -213,31 +225,12 @@ pub fn fit<M: Module>(
                     &h,
                     cx,
                     e,
+                    &run_meta,
                 )?;
                 leader = trainer.process_group().rank() == 0;
                 continue;
             }
         };
-        if run.trace.is_some() {
-            crate::trace::add_comm_track(trainer.process_group());
-        }
-        rec.step(step, &rep, run.global_batch, &pace.shares)?;
-        let done = step + 1;
-        if let Some(c) = &run.checkpoint
-            && (c.every.is_some_and(|k| done.is_multiple_of(k)) || done == run.steps || rep.stop)
-        {
-            let t = Instant::now();
-            let d = trainer.save_checkpoint(&c.dir, done, run_meta.clone(), c.keep)?;
-            if leader {
-                rec.bar.suspend(|| {
-                    eprintln!(
-                        "wiretrain: checkpoint of step {done} written to {} ({:.0} ms)",
-                        d.display(),
-                        t.elapsed().as_secs_f64() * 1e3
-                    )
-                });
-            }
-        }
         if rep.stop {
             stopped = Some(step);
             break;
@@ -259,6 +252,36 @@ pub fn fit<M: Module>(
         }
     }
     rec.finish(trainer, run, start, stopped, &pace)
+}
+
+/// Writes the checkpoint of `done` steps when it is due (every k steps, the last step, a
+/// stop); `bar` (the leader's) says so.
+fn save_due<M: Module>(
+    trainer: &mut Trainer<M>,
+    run: &FitOptions,
+    run_meta: &serde_json::Value,
+    done: usize,
+    stop: bool,
+    bar: Option<&indicatif::ProgressBar>,
+) -> Result<(), FitError> {
+    let Some(c) = &run.checkpoint else {
+        return Ok(());
+    };
+    if !(c.every.is_some_and(|k| done.is_multiple_of(k)) || done == run.steps || stop) {
+        return Ok(());
+    }
+    let t = Instant::now();
+    let d = trainer.save_checkpoint(&c.dir, done, run_meta.clone(), c.keep)?;
+    if let Some(bar) = bar {
+        bar.suspend(|| {
+            eprintln!(
+                "wiretrain: checkpoint of step {done} written to {} ({:.0} ms)",
+                d.display(),
+                t.elapsed().as_secs_f64() * 1e3
+            )
+        });
+    }
+    Ok(())
 }
 
 /// The options [`fit`] refuses before step 0, so no run ends without what it asked for.

@@ -78,9 +78,23 @@ impl<M: Module> Trainer<M> {
         Ok(())
     }
 
-    /// Optimizer updates this trainer applied (one per completed step).
+    /// Nudges this rank's parameters (and master) away from the other replicas' (the
+    /// `heal_diverge` test fault: the heal must send it a replica's state).
+    pub(crate) fn diverge_for_test(&mut self) {
+        for v in [&mut self.held.params, &mut self.held.master] {
+            if let Some(x) = v.first_mut() {
+                *x += 0.5;
+            }
+        }
+        if let Some(model) = self.model.take() {
+            self.model = Some(self.layout.unflatten(model, &self.held.params));
+        }
+    }
+
+    /// Optimizer steps this trainer applied (counted when the optimizer stepped, before the
+    /// gather that may follow it).
     pub fn updates(&self) -> usize {
-        self.updates
+        self.held.optimizer_steps
     }
 
     /// A collective of the new epoch: every rank states that its state holds `steps` steps;
@@ -106,38 +120,49 @@ impl<M: Module> Trainer<M> {
                     .ok_or_else(|| heal_err(format!("rank {r} sent a malformed state entry")))
             })
             .collect::<Result<_, _>>()?;
-        // Under hybrid each local rank's replica is its own state; under DDP all ranks hold
-        // one, but the same rule (per local rank) is exact for both.
+        // Under DDP every rank holds the whole state: one replica group. Under hybrid each
+        // local rank's shard is replicated on the other nodes: a group per local rank.
         let table = self.pg.table().clone();
-        let local_of: Vec<usize> = table
-            .nodes()
-            .iter()
-            .flat_map(|n| 0..n.devices.len())
+        let group_of: Vec<usize> = if self.cfg.strategy.stage() == Stage::Replicated {
+            vec![0; entries.len()]
+        } else {
+            table
+                .nodes()
+                .iter()
+                .flat_map(|n| 0..n.devices.len())
+                .collect()
+        };
+        let groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
+        let sources: Vec<usize> = (0..groups)
+            .filter_map(|g| {
+                (0..entries.len())
+                    .filter(|&r| group_of[r] == g)
+                    .max_by_key(|&r| (entries[r].steps, usize::MAX - r))
+            })
             .collect();
-        let locals = local_of.iter().copied().max().map_or(0, |m| m + 1);
+        let agreed = sources.first().map_or(steps, |&s| entries[s].steps);
+        if let Some(&s) = sources.iter().find(|&&s| entries[s].steps != agreed) {
+            return Err(heal_err(format!(
+                "the replicas stopped at different steps (local rank {} at {}, local rank {} \
+                 at {agreed}): no live state holds one step for every shard",
+                group_of[s], entries[s].steps, group_of[sources[0]]
+            )));
+        }
+        let me = self.pg.rank();
         let mut transferred = false;
-        let mut agreed = steps;
-        for l in 0..locals {
-            let group: Vec<usize> = (0..entries.len()).filter(|&r| local_of[r] == l).collect();
-            let Some(&src) = group
-                .iter()
-                .max_by_key(|&&r| (entries[r].steps, usize::MAX - r))
-            else {
-                continue;
-            };
+        for (g, &src) in sources.iter().enumerate() {
             let want = &entries[src];
-            if local_of[self.pg.rank()] == l {
-                agreed = want.steps;
-            }
-            if group
-                .iter()
-                .all(|&r| entries[r].steps == want.steps && entries[r].digest == want.digest)
-            {
+            let same =
+                |r: usize| entries[r].steps == want.steps && entries[r].digest == want.digest;
+            if (0..entries.len()).filter(|&r| group_of[r] == g).all(same) {
                 continue;
             }
             transferred = true;
-            self.receive_state(src, l == local_of[self.pg.rank()], &exported, want)?;
+            self.receive_state(src, group_of[me] == g, &exported, want)?;
         }
+        // Hybrid: what the model computes with is the node's gather of the masters (a rank
+        // whose optimizer stepped before the gather was cut off holds stale parameters).
+        self.finish_load()?;
         Ok(Agreed {
             steps: agreed,
             transferred,

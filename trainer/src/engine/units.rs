@@ -223,7 +223,6 @@ impl<M: Units> Trainer<M> {
                 return Err(e);
             }
         };
-        self.updates += 1;
         let model = if sharded {
             model
         } else {

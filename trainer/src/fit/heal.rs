@@ -50,6 +50,7 @@ pub(super) fn heal<M: Module>(
     h: &Healer,
     cut: Cut,
     e: FitError,
+    run_meta: &serde_json::Value,
 ) -> Result<usize, FitError> {
     let detected = unix_ms();
     let reason = e.to_string();
@@ -60,7 +61,7 @@ pub(super) fn heal<M: Module>(
     };
     let done = cut.step + usize::from(cut.applied);
     let pg = trainer.process_group();
-    let (local, was_leader) = (pg.local_rank(), pg.rank() == 0);
+    let (local, was_leader, old_node) = (pg.local_rank(), pg.rank() == 0, pg.node());
     if was_leader {
         rec.bar
             .suspend(|| eprintln!("wiretrain: {failure}; healing from live replicas"));
@@ -69,6 +70,9 @@ pub(super) fn heal<M: Module>(
         .rejoin(local, done, &reason)
         .map_err(|x| fail(x.to_string()))?;
     trainer.rebind(rj.pg).map_err(fail)?;
+    if trainer.config().faults().heal_diverge == Some(old_node) {
+        trainer.diverge_for_test();
+    }
     let agreed = trainer.agree_state(done).map_err(|x| fail(x.to_string()))?;
     let pg = trainer.process_group();
     let (rank, node, world, nodes) = (pg.rank(), pg.node(), pg.world(), pg.table().num_nodes());
@@ -96,6 +100,7 @@ pub(super) fn heal<M: Module>(
     );
     let epoch = rj.elastic.epoch;
     rec.healed(event, rj.elastic, rank == 0, run)?;
+    catch_up_checkpoint(trainer, run, run_meta, agreed.steps)?;
     if rank == 0 {
         rec.bar.suspend(|| {
             eprintln!(
@@ -113,4 +118,35 @@ pub(super) fn heal<M: Module>(
         });
     }
     Ok(agreed.steps)
+}
+
+/// The checkpoint of `steps` when it was due and the failure cut it off (the step's update
+/// was applied, its checkpoint not written): written now, in the new epoch, so the cadence
+/// the run asked for holds. Rank 0 looks; every rank follows its answer.
+fn catch_up_checkpoint<M: Module>(
+    trainer: &mut Trainer<M>,
+    run: &FitOptions,
+    run_meta: &serde_json::Value,
+    steps: usize,
+) -> Result<(), FitError> {
+    let Some(c) = &run.checkpoint else {
+        return Ok(());
+    };
+    if steps == 0 || !c.every.is_some_and(|k| steps.is_multiple_of(k)) {
+        return Ok(());
+    }
+    let pg = trainer.process_group();
+    let dir = c.dir.join(crate::checkpoint::step_dir_name(steps));
+    let missing = pg.rank() == 0 && crate::checkpoint::Checkpoint::open(&dir).is_err();
+    let missing = pg.broadcast(vec![f32::from(u8::from(missing))], 0).wait()?[0] > 0.0;
+    if missing {
+        let d = trainer.save_checkpoint(&c.dir, steps, run_meta.clone(), c.keep)?;
+        if trainer.process_group().rank() == 0 {
+            eprintln!(
+                "wiretrain: checkpoint of step {steps} written to {} (the failure had cut it off)",
+                d.display()
+            );
+        }
+    }
+    Ok(())
 }

@@ -55,7 +55,9 @@ impl GradSync for Replicated {
             grad_scale: scale,
             readback: WireDtype::F32,
         };
-        Ok(cx.opt.step_with(cx.lr, &mut cx.held.params, grad, opts)?)
+        cx.opt.step_with(cx.lr, &mut cx.held.params, grad, opts)?;
+        cx.held.optimizer_steps += 1;
+        Ok(())
     }
 
     fn refresh(&mut self, _: &mut SyncCx<'_>) -> Result<(), TrainError> {

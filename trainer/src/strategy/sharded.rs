@@ -129,6 +129,7 @@ impl GradSync for Sharded {
         };
         let optim = cx.clock.enter(Phase::Optim, "optimizer");
         cx.opt.step_with(cx.lr, target, grad, opts)?;
+        cx.held.optimizer_steps += 1;
         drop(optim);
         if self.stage == Stage::Parameters {
             return Ok(());

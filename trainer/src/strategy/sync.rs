@@ -24,6 +24,9 @@ pub(crate) struct Held {
     pub owned: Vec<Range<usize>>,
     /// The communication buckets (the units under stage 3).
     pub buckets: Vec<Range<usize>>,
+    /// Optimizer steps applied to the owned elements (counted when the optimizer has
+    /// stepped, before any gather after it: what a heal compares).
+    pub optimizer_steps: usize,
 }
 
 impl Held {

@@ -185,7 +185,7 @@ impl<M: Module> Trainer<M> {
     /// After every rank loaded its part: what the model computes with is what a step's
     /// gather gives (the masters through the wire dtype; the node's gather under hybrid), so
     /// a resumed run continues bit for bit. A collective for the sharded strategies.
-    fn finish_load(&mut self) -> Result<(), TrainError> {
+    pub(in crate::engine) fn finish_load(&mut self) -> Result<(), TrainError> {
         if self.cfg.strategy.shards_params() {
             return Ok(());
         }
