@@ -12,12 +12,16 @@
 # again once epoch 1 runs, and the world grows back to 3 at the next restart point: the run
 # adds the seconds from its join to the new epoch's start, from there to its first step, and
 # the steps that growth lost.
+# MODE=heal runs the local launch under DDP, where the survivors heal from their live replicas
+# instead of restarting: "detect" is then a survivor's own failure (its idle timeout), "restart"
+# the end of the heal (new epoch joined in-process, state agreed), and the step gone on from is
+# the one the state holds (no checkpoint read).
 #
 #   BIN=$CARGO_TARGET_DIR/debug/wiretrain scripts/bench-elastic.sh
 #
 # Env: BIN (default the release build), RUNS (default 5), IDLE (the nodes' --idle-timeout,
-#      default 3 s: how soon a killed node is noticed), DEVICE (default cpu), MODE (local or
-#      agents, default local), GROW (0 or 1, default 0), STEPS (default 300; 3000 with GROW=1,
+#      default 3 s: how soon a killed node is noticed), DEVICE (default cpu), MODE (local,
+#      agents or heal, default local), GROW (0 or 1, default 0), STEPS (default 300; 3000 with GROW=1,
 #      so that the job is still running when the agent comes back).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +33,7 @@ MODE=${MODE:-local}
 GROW=${GROW:-0}
 [ "$GROW" = 0 ] || [ "$MODE" = agents ] || { echo "GROW=1 needs MODE=agents"; exit 2; }
 STEPS=${STEPS:-$([ "$GROW" = 1 ] && echo 3000 || echo 300)}
+STRATEGY=$([ "$MODE" = heal ] && echo ddp || echo zero2)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s; mode $MODE; grow $GROW; $STEPS steps"
@@ -36,7 +41,7 @@ echo -n "run kill_to_detect_s detect_to_restart_s restart_to_first_step_s detect
 [ "$GROW" = 1 ] && echo " join_to_restart_s restart_to_first_step_s steps_lost" || echo
 for r in $(seq 1 "$RUNS"); do
   d="$work/$r"; mkdir -p "$d"
-  train=(train --example mlp --strategy zero2 --steps "$STEPS" --global-batch 24 --device "$DEVICE"
+  train=(train --example mlp --strategy "$STRATEGY" --steps "$STEPS" --global-batch 24 --device "$DEVICE"
     --checkpoint-every 10 --checkpoint-keep 100 --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl"
     --idle-timeout "$IDLE" --no-progress)
   if [ "$MODE" = agents ]; then
@@ -85,9 +90,18 @@ for r in $(seq 1 "$RUNS"); do
     kill -9 "$victim"
     wait "$launcher" || { echo "run $r: the launch failed"; tail -5 "$d/err.txt"; exit 1; }
   fi
-  python3 - "$d/m.jsonl" "$kill_ms" "$r" "$GROW" <<'EOF'
+  python3 - "$d/m.jsonl" "$kill_ms" "$r" "$GROW" "$MODE" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
+if sys.argv[5] == "heal":
+    # The same processes went on: one summary, its heal's times as the survivors saw them.
+    el = lines[-1]["elastic"]
+    assert el["recovery"] == "live", el
+    h, kill = el["heals"][0], int(sys.argv[2])
+    d, t, f = h["detected_unix_ms"], h["healed_unix_ms"], h["first_step_unix_ms"]
+    print(sys.argv[3], f"{(d - kill) / 1e3:.2f}", f"{(t - d) / 1e3:.2f}", f"{(f - t) / 1e3:.2f}",
+          f"{(f - d) / 1e3:.2f}", h["went_on_from"], h["steps_lost"])
+    sys.exit(0)
 # One summary per epoch that ended on its own terms (epoch 0's nodes failed: none); each
 # carries its restart's cost (elastic.steps_lost: done after the checkpoint, then again).
 by_epoch = {l["elastic"]["epoch"]: l for l in lines if "summary" in l and l.get("elastic")}

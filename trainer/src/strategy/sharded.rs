@@ -16,7 +16,7 @@ use crate::error::{ConfigError, TrainError};
 use crate::optim::StepOpts;
 use burn::optim::GradientsParams;
 use std::ops::Range;
-use wiretrain_comm::{ProcessGroup, Work};
+use wiretrain_comm::{CallOpts, Group, ProcessGroup, ReduceOp, Work};
 
 /// The sharded sync of `stage` (1, 2 or 3) over `reach`.
 pub(crate) struct Sharded {
@@ -122,6 +122,16 @@ impl GradSync for Sharded {
             grad_scale: scale,
             readback: cx.wire,
         };
+        if matches!(self.reach, Reach::Hybrid) && self.stage != Stage::Parameters {
+            // Every rank of the node got its reduced shard before any steps its optimizer
+            // (a node barrier in shared memory): a node losing a peer mid-step has stepped
+            // all its shards or none, so its state is one step of the replicas' (healing).
+            let _b = cx.clock.enter(Phase::Comm, "node barrier");
+            cx.pg
+                .call(CallOpts::default().on(Group::Node).tag("node barrier"))
+                .all_reduce(vec![0.0], ReduceOp::Sum)
+                .wait()?;
+        }
         let target = if self.stage == Stage::Parameters {
             &mut cx.held.params
         } else {
