@@ -116,30 +116,9 @@ fn a_killed_node_restarts_the_job_on_the_survivors_from_the_last_checkpoint() {
     );
 
     // A manual resume on 2 nodes from that checkpoint follows the same curve.
-    let ck2 = d.join("ck2");
-    let name = format!("step-{start:08}");
-    std::fs::create_dir_all(&ck2).unwrap();
-    let out = std::process::Command::new("cp")
-        .args(["-r", s(&ck.join(&name)), s(&ck2.join(&name))])
-        .status()
-        .unwrap();
-    assert!(out.success());
     let m2 = d.join("m2.jsonl");
-    let mut manual = common::ckpt::launch_args(2, "zero2", 300, &["--metrics", s(&m2)]);
-    manual.extend(["--checkpoint-dir", s(&ck2), "--resume"].map(String::from));
-    common::ckpt::run_ok(&manual);
-    let reference = losses(&m2);
-    assert_eq!(reference.len(), after.len());
-    for (a, b) in after.iter().zip(&reference) {
-        assert_eq!(a.0, b.0);
-        assert!(
-            (a.1 - b.1).abs() <= 1e-5,
-            "step {}: {} vs {}",
-            a.0,
-            a.1,
-            b.1
-        );
-    }
+    common::ckpt::resume_copy(&d, &ck, start, ("2", "1"), "zero2", &["--metrics", s(&m2)]);
+    common::ckpt::assert_same_losses(after, &losses(&m2));
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -133,46 +133,13 @@ fn kill_and_heal(strategy: &str, ranks: &str, envs: &[(&str, &str)], transferred
 
     // A 2-node resume from the checkpoint of the step the heal went on from: same losses,
     // same parameters.
-    let ck2 = d.join("ck2");
-    let name = format!("step-{from:08}");
-    std::fs::create_dir_all(&ck2).unwrap();
-    let cp = std::process::Command::new("cp")
-        .args(["-r", s(&d.join("ck").join(&name)), s(&ck2.join(&name))])
-        .status()
-        .unwrap();
-    assert!(cp.success());
     let (m2, p2) = (d.join("m2.jsonl"), d.join("p2.bin"));
-    let mut manual = vec![
-        "launch",
-        "--local",
-        "2",
-        "--ranks-per-node",
-        ranks,
-        "--",
-        "train",
-    ];
-    manual.extend(common::mlp(strategy, "300", BATCH, "5", "cpu"));
-    manual.extend(["--checkpoint-dir", s(&ck2), "--resume"]);
-    manual.extend(["--metrics", s(&m2), "--save-params", s(&p2)]);
-    let manual: Vec<String> = manual.into_iter().map(String::from).collect();
-    let out = common::ckpt::run_ok(&manual);
-    assert!(
-        out.contains(&format!("resumed from {} at step {from}", s(&ck2))),
-        "{out}"
-    );
+    let extra = ["--metrics", s(&m2), "--save-params", s(&p2)];
+    common::ckpt::resume_copy(&d, &d.join("ck"), from, ("2", ranks), strategy, &extra);
     let reference = losses(&m2);
     let after = &all[all.len() - reference.len()..];
     assert_eq!(after.first().map(|x| x.0), Some(from));
-    for (a, b) in after.iter().zip(&reference) {
-        assert_eq!(a.0, b.0);
-        assert!(
-            (a.1 - b.1).abs() <= 1e-5,
-            "step {}: {} vs {}",
-            a.0,
-            a.1,
-            b.1
-        );
-    }
+    common::ckpt::assert_same_losses(after, &reference);
     let (healed, resumed) = (floats(&d.join("p.bin")), floats(&p2));
     assert_eq!(healed.len(), resumed.len());
     let worst = healed

@@ -68,3 +68,60 @@ pub fn node_or_skip(child: &mut std::process::Child, n: usize) -> Option<u32> {
     }
     pid
 }
+
+/// Copies the checkpoint of `step` from `ck` into a directory of its own under `d` and resumes
+/// from it on `nodes` nodes of `ranks` ranks (`strategy`, 300 steps, the mlp example) with
+/// `extra` flags: the reference an elastic run's continuation is compared with. Returns the
+/// run's stderr.
+pub fn resume_copy(
+    d: &Path,
+    ck: &Path,
+    step: usize,
+    (nodes, ranks): (&str, &str),
+    strategy: &str,
+    extra: &[&str],
+) -> String {
+    let ck2 = d.join("ck-reference");
+    let name = format!("step-{step:08}");
+    std::fs::create_dir_all(&ck2).unwrap();
+    let cp = std::process::Command::new("cp")
+        .args(["-r", s(&ck.join(&name)), s(&ck2.join(&name))])
+        .status()
+        .unwrap();
+    assert!(cp.success(), "copying {name}");
+    let mut a = vec![
+        "launch",
+        "--local",
+        nodes,
+        "--ranks-per-node",
+        ranks,
+        "--",
+        "train",
+    ];
+    a.extend(super::mlp(strategy, "300", BATCH, "5", "cpu"));
+    a.extend(["--checkpoint-dir", s(&ck2), "--resume"]);
+    a.extend_from_slice(extra);
+    let a: Vec<String> = a.into_iter().map(String::from).collect();
+    let out = run_ok(&a);
+    assert!(
+        out.contains(&format!("resumed from {} at step {step}", s(&ck2))),
+        "{out}"
+    );
+    out
+}
+
+/// Each (step, loss) of `reference` equals the same step of `after` within 1e-5, and they
+/// hold the same steps.
+pub fn assert_same_losses(after: &[(usize, f64)], reference: &[(usize, f64)]) {
+    assert_eq!(reference.len(), after.len());
+    for (a, b) in after.iter().zip(reference) {
+        assert_eq!(a.0, b.0);
+        assert!(
+            (a.1 - b.1).abs() <= 1e-5,
+            "step {}: {} vs {}",
+            a.0,
+            a.1,
+            b.1
+        );
+    }
+}
