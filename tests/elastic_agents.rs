@@ -30,10 +30,15 @@ fn free_port() -> u16 {
 /// One agent, binding `host`, of `launch --nnodes 2:3 --max-restarts 2 --master master --
 /// train` (mlp, ZeRO-2, `steps` steps, a checkpoint every 10, a 3 s idle timeout).
 fn agent(master: &str, host: &str, steps: &str, extra: &[&str]) -> Child {
+    agent_of("zero2", master, host, steps, extra)
+}
+
+/// [`agent`] training `strategy`.
+fn agent_of(strategy: &str, master: &str, host: &str, steps: &str, extra: &[&str]) -> Child {
     let mut a = vec!["launch", "--nnodes", "2:3", "--max-restarts", "2"];
     a.extend(["--master", master, "--host", host, "--join-window", "10"]);
     a.extend(["--grace", "10", "--", "train"]);
-    a.extend(common::mlp("zero2", steps, BATCH, "5", "cpu"));
+    a.extend(common::mlp(strategy, steps, BATCH, "5", "cpu"));
     a.extend(["--checkpoint-every", "10", "--checkpoint-keep", "100"]);
     a.extend(["--idle-timeout", "3"]);
     a.extend_from_slice(extra);
@@ -43,11 +48,16 @@ fn agent(master: &str, host: &str, steps: &str, extra: &[&str]) -> Child {
 /// Agents on 127.0.0.1, .2 and .3, started in that order: the first binds the rendezvous
 /// address and hosts it, and nodes are numbered in the order the agents join.
 fn three(master: &str, steps: &str, extra: &[&str]) -> [Child; 3] {
-    let a = agent(master, "127.0.0.1", steps, extra);
+    three_of("zero2", master, steps, extra)
+}
+
+/// [`three`] agents training `strategy`.
+fn three_of(strategy: &str, master: &str, steps: &str, extra: &[&str]) -> [Child; 3] {
+    let a = agent_of(strategy, master, "127.0.0.1", steps, extra);
     std::thread::sleep(Duration::from_millis(500));
-    let b = agent(master, "127.0.0.2", steps, extra);
+    let b = agent_of(strategy, master, "127.0.0.2", steps, extra);
     std::thread::sleep(Duration::from_millis(500));
-    [a, b, agent(master, "127.0.0.3", steps, extra)]
+    [a, b, agent_of(strategy, master, "127.0.0.3", steps, extra)]
 }
 
 /// Waits for the agent `a` to run a node of `epoch`, then for `more` metrics lines in `m`.
@@ -170,6 +180,76 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
             .any(|e| e["cat"] == "elastic" && e["name"] == "elastic restart: epoch 2"),
         "no restart marker in the trace"
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// Under DDP, a machine lost (its agent killed with -9) leaves two nodes that heal in place:
+/// the same node processes go on in epoch 1 from their live state (no checkpoint read, at
+/// most one step lost); the machine started again joins at the next restart point (a
+/// checkpoint), and the world grows back to 3.
+#[test]
+fn agents_heal_in_place_under_ddp_and_grow_back() {
+    if std::fs::metadata("/proc/self/task").is_err() {
+        common::skip_unless_ci("needs /proc to find the node processes");
+        return;
+    }
+    let d = dir("agents-heal");
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let master = format!("127.0.0.1:{}", free_port());
+    let steps = "600";
+    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    let [mut a, mut b, mut c] = three_of("ddp", &master, steps, &extra);
+    common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
+        common::line_count(&m) >= 20
+    });
+    let nodes = [common::node_pid(a.id(), 0), common::node_pid(b.id(), 1)];
+    assert!(
+        nodes.iter().all(Option::is_some),
+        "agents A and B run nodes 0 and 1"
+    );
+    common::signal(c.id(), "-9");
+    let _ = c.wait();
+    // The survivors heal and go on writing steps, in the same processes.
+    let lines = common::line_count(&m);
+    common::wait_until(&mut a, Duration::from_secs(60), "healed steps", || {
+        common::line_count(&m) >= lines + 20
+    });
+    for (x, n) in [(&a, nodes[0]), (&b, nodes[1])] {
+        let now = (0..3).find_map(|i| common::node_pid(x.id(), i));
+        assert_eq!(now, n, "the node process goes on in place");
+    }
+    let mut c2 = agent_of("ddp", &master, "127.0.0.3", steps, &extra);
+    for (x, name) in [(&mut a, "A"), (&mut b, "B"), (&mut c2, "C again")] {
+        let st = common::wait_exit_or(x, Duration::from_secs(300), "the job hangs");
+        let err = common::stderr_of(x);
+        assert!(st.success(), "agent {name}: {st}: {err}");
+        if name == "A" {
+            assert!(
+                err.contains("elastic heal from live replicas (epoch 1")
+                    && err.contains("epoch 1 on 2 node(s) without [2]")
+                    && err.contains("epoch 2 on 3 node(s) joined by [2]"),
+                "{err}"
+            );
+            assert!(err.contains("goes on in place"), "{err}");
+        }
+    }
+    let summary = common::jsonl(&m).into_iter().last().unwrap();
+    assert_eq!(summary["world"], 3, "{summary}");
+    let el = &summary["elastic"];
+    let (r1, r2) = (&el["restarts"][0], &el["restarts"][1]);
+    assert_eq!(r1["recovery"], "live", "{summary}");
+    assert_eq!(r1["left"], serde_json::json!([2]), "{summary}");
+    assert_eq!(r2["joined"], serde_json::json!([2]), "{summary}");
+    // The healed epoch's own summary line: no checkpoint read, at most one step lost.
+    let healed = common::jsonl(&m)
+        .into_iter()
+        .find(|l| l.get("summary").is_some() && l["elastic"]["recovery"] == "live")
+        .expect("epoch 1's summary says it healed");
+    assert!(
+        healed["elastic"]["steps_lost"].as_u64().unwrap() <= 1,
+        "{healed}"
+    );
+    assert_eq!(healed["resumed_from"], 0, "{healed}");
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -9,13 +9,14 @@ use super::launcher::{LaunchError, Place, Target, exit_code, temp_dir};
 use super::rdzv::{self, NodeEnd, Start, ToAgent, ToHost};
 use super::rdzv_host::{Policy, host};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use wiretrain::heal::{Answer, Assignment, Ready, answer_file, ready_file, write_json};
 use wiretrain::job::env;
 use wiretrain_comm::tls::Token;
 
@@ -148,6 +149,8 @@ struct Node {
     report: Option<(PathBuf, PathBuf)>,
     dir: Option<PathBuf>,
     stop_at: Option<Instant>,
+    /// It lost its job and waits, alive, for its place in the next epoch (reported `Lost`).
+    healing: bool,
 }
 
 async fn agent(
@@ -185,6 +188,8 @@ async fn agent(
             }
         }
     });
+    // Where this agent's nodes ask for their place in the next epoch after losing a peer.
+    let heal_dir = temp_dir()?;
     let mut node: Option<Node> = None;
     // Since when this agent, stopped by a signal with its node ended, waits for the host's
     // word (its last report must reach the host before the link closes).
@@ -197,6 +202,15 @@ async fn agent(
         };
         match msg {
             Some(Ok(ToAgent::Start(s))) => {
+                // A node waiting to heal goes on in place: it is told its place in the epoch.
+                if let Some(n) = node.as_mut().filter(|n| n.healing)
+                    && !stop.load(Ordering::SeqCst)
+                {
+                    match heal_in_place(n, &s, ip, &heal_dir) {
+                        Ok(()) => continue,
+                        Err(e) => tracing::warn!("healing in place failed ({e}); restarting"),
+                    }
+                }
                 if let Some(mut n) = node.take() {
                     end_node(&mut n);
                 }
@@ -208,7 +222,7 @@ async fn agent(
                         success: false,
                     })
                 } else {
-                    start_node(o, &s, ip).map_err(|e| NodeEnd {
+                    start_node(o, &s, ip, &heal_dir).map_err(|e| NodeEnd {
                         status: format!("cannot start: {e}"),
                         code: 1,
                         success: false,
@@ -238,6 +252,10 @@ async fn agent(
                     .as_mut()
                     .filter(|n| n.epoch == epoch && n.stop_at.is_none())
                 {
+                    if n.healing {
+                        let f = answer_file(&heal_dir, n.child.id());
+                        let _ = write_json(&f, &Answer::Stop(reason.clone()));
+                    }
                     eprintln!("wiretrain launch: stopping node of epoch {epoch}: {reason}");
                     wiretrain::signal::terminate(n.child.id());
                     n.stop_at = Some(Instant::now());
@@ -264,7 +282,7 @@ async fn agent(
             }
             None => {
                 if let Some(n) = node.as_mut() {
-                    let m = match watch(n, o.grace) {
+                    let m = match watch(n, o.grace, &heal_dir) {
                         Ok(m) => m,
                         Err(e) => break Err(e),
                     };
@@ -290,6 +308,7 @@ async fn agent(
     if let Some(mut n) = node.take() {
         end_node(&mut n);
     }
+    let _ = std::fs::remove_dir_all(&heal_dir);
     reader.abort();
     // What was sent reaches the host before the link closes.
     let _ = send.finish();
@@ -298,9 +317,9 @@ async fn agent(
     res
 }
 
-/// Checks on the node: node 0's address once written (`Ready`), its end (`Exited`); kills it
-/// when a stop has taken longer than `grace`.
-fn watch(n: &mut Node, grace: Duration) -> Result<Option<ToHost>, LaunchError> {
+/// Checks on the node: node 0's address once written (`Ready`), its end (`Exited`), its
+/// waiting to heal (`Lost`); kills it when a stop has taken longer than `grace`.
+fn watch(n: &mut Node, grace: Duration, heal_dir: &Path) -> Result<Option<ToHost>, LaunchError> {
     if let Some(st) = n.child.try_wait()? {
         *PID.lock().unwrap_or_else(|p| p.into_inner()) = None;
         if let Some(d) = n.dir.take() {
@@ -330,10 +349,63 @@ fn watch(n: &mut Node, grace: Duration) -> Result<Option<ToHost>, LaunchError> {
         n.report = None;
         return Ok(Some(m));
     }
+    let ready = ready_file(heal_dir, n.child.id());
+    if !n.healing
+        && n.stop_at.is_none()
+        && let Ok(b) = std::fs::read(&ready)
+        && let Ok(r) = serde_json::from_slice::<Ready>(&b)
+    {
+        let _ = std::fs::remove_file(&ready);
+        n.healing = true;
+        return Ok(Some(ToHost::Lost {
+            epoch: n.epoch,
+            step: r.step,
+        }));
+    }
     if n.stop_at.is_some_and(|t| t.elapsed() > grace) {
         let _ = n.child.kill();
     }
     Ok(None)
+}
+
+/// Moves a node waiting to heal into epoch `s` in place: its answer names its rank, the world
+/// and node 0 (node 0 itself binds `ip` and writes its address and certificate to files of
+/// its own, which `watch` reports as `Ready`).
+fn heal_in_place(n: &mut Node, s: &Start, ip: IpAddr, heal_dir: &Path) -> Result<(), LaunchError> {
+    let bind = SocketAddr::new(ip, 0);
+    let dir = if s.master.is_none() {
+        Some(temp_dir()?)
+    } else {
+        None
+    };
+    let files = dir
+        .as_ref()
+        .map(|d| (d.join("master.addr"), d.join("master.sha256")));
+    let a = Assignment {
+        epoch: s.epoch as u64,
+        nnodes: s.world,
+        node_rank: s.node,
+        master: s.master.clone().unwrap_or_else(|| bind.to_string()),
+        bind: s.master.is_some().then_some(bind),
+        addr_file: files.as_ref().map(|f| f.0.clone()),
+        fingerprint_file: files.as_ref().map(|f| f.1.clone()),
+        master_sha256: s.fingerprint.clone(),
+        restarts: serde_json::from_str(&s.restarts).unwrap_or_default(),
+    };
+    write_json(&answer_file(heal_dir, n.child.id()), &Answer::Assign(a))?;
+    if let Some(old) = n.dir.take() {
+        let _ = std::fs::remove_dir_all(old);
+    }
+    n.epoch = s.epoch;
+    n.report = files;
+    n.dir = dir;
+    n.healing = false;
+    n.stop_at = None;
+    eprintln!(
+        "wiretrain launch: epoch {}: node {} of {} goes on in place (healed from live replicas)",
+        s.epoch, s.node, s.world
+    );
+    Ok(())
 }
 
 /// Kills the node and waits for it.
@@ -348,7 +420,12 @@ fn end_node(n: &mut Node) {
 
 /// Starts this agent's node of `s`: node 0 binds `ip` and writes its address and certificate
 /// to files of its own; the others bind `ip` and pin node 0's certificate.
-fn start_node(o: &AgentOptions, s: &Start, ip: IpAddr) -> Result<Node, LaunchError> {
+fn start_node(
+    o: &AgentOptions,
+    s: &Start,
+    ip: IpAddr,
+    heal_dir: &Path,
+) -> Result<Node, LaunchError> {
     let exe = std::env::current_exe()?;
     let target = o.target.for_epoch(s.epoch, o.resume_flag);
     let bind = SocketAddr::new(ip, 0).to_string();
@@ -368,7 +445,8 @@ fn start_node(o: &AgentOptions, s: &Start, ip: IpAddr) -> Result<Node, LaunchErr
     let mut c = target.command(&exe, s.world, s.node, &master, place);
     c.env(env::JOB_ID, &s.job_id)
         .env(env::EPOCH, s.epoch.to_string())
-        .env(env::RESTARTS, &s.restarts);
+        .env(env::RESTARTS, &s.restarts)
+        .env(env::HEAL_DIR, heal_dir);
     match (&files, &s.fingerprint) {
         (Some((_, fp)), _) => {
             c.env(env::FINGERPRINT_FILE, fp);
@@ -394,6 +472,7 @@ fn start_node(o: &AgentOptions, s: &Start, ip: IpAddr) -> Result<Node, LaunchErr
         report: files,
         dir,
         stop_at: None,
+        healing: false,
     })
 }
 

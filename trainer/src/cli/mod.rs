@@ -13,6 +13,7 @@ pub mod node;
 pub mod plan;
 pub mod rdzv;
 pub mod rdzv_host;
+pub mod rdzv_watch;
 pub mod report;
 pub mod traces;
 pub mod train;

@@ -10,6 +10,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout, timeout_at};
 use wiretrain_comm::QuicTuning;
 use wiretrain_comm::tls::{JobIdentity, Mismatch, SERVER_NAME, Token};
@@ -41,6 +42,9 @@ pub enum ToHost {
     },
     /// The agent's node process of `epoch` ended.
     Exited { epoch: usize, end: NodeEnd },
+    /// The agent's node of `epoch` lost its job and waits, alive, to heal in the next epoch
+    /// (its state holds `step` steps): a `Start` moves it there in place.
+    Lost { epoch: usize, step: usize },
 }
 
 /// How a node process ended.
@@ -176,4 +180,88 @@ pub async fn recv<T: DeserializeOwned>(r: &mut RecvStream) -> Result<T, String> 
         .await
         .map_err(|e| format!("read failed: {e}"))?;
     wire::decode_control(&body).map_err(|e| e.to_string())
+}
+
+/// What an agent's connection reports to the host's loop.
+pub(super) enum Event {
+    Joined {
+        id: u64,
+        name: String,
+        host: String,
+        send: SendStream,
+    },
+    Msg {
+        id: u64,
+        msg: ToHost,
+    },
+    Gone {
+        id: u64,
+        why: String,
+    },
+}
+
+/// Accepts agents: each connection's first message must be a `Join` of this version.
+pub(super) async fn accept_loop(ep: Endpoint, tx: mpsc::UnboundedSender<Event>) {
+    let mut next = 0u64;
+    while let Some(incoming) = ep.accept().await {
+        next += 1;
+        let (id, tx) = (next, tx.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(conn)) = timeout(Duration::from_secs(10), incoming).await else {
+                return;
+            };
+            let Ok(Ok((mut send, mut recv))) =
+                timeout(Duration::from_secs(10), conn.accept_bi()).await
+            else {
+                return;
+            };
+            let join = timeout(Duration::from_secs(10), self::recv::<ToHost>(&mut recv)).await;
+            let (name, host) = match join {
+                Ok(Ok(ToHost::Join {
+                    version,
+                    name,
+                    host,
+                })) if version == VERSION => (name, host),
+                Ok(Ok(ToHost::Join { version, .. })) => {
+                    let reason = format!(
+                        "this agent speaks version {version} of the elastic rendezvous, the \
+                         host {}: run the same wiretrain on every machine",
+                        VERSION
+                    );
+                    let _ = self::send(&mut send, &ToAgent::Refused { reason }).await;
+                    let _ = send.finish();
+                    let _ = timeout(Duration::from_secs(2), send.stopped()).await;
+                    return;
+                }
+                _ => return,
+            };
+            if tx
+                .send(Event::Joined {
+                    id,
+                    name,
+                    host,
+                    send,
+                })
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                match self::recv::<ToHost>(&mut recv).await {
+                    Ok(msg) => {
+                        if tx.send(Event::Msg { id, msg }).is_err() {
+                            return;
+                        }
+                    }
+                    Err(why) => {
+                        let why = conn.close_reason().map_or(why, |e| {
+                            wiretrain_comm::transport::quic::describe_conn_error(&e)
+                        });
+                        let _ = tx.send(Event::Gone { id, why });
+                        return;
+                    }
+                }
+            }
+        });
+    }
 }

@@ -12,7 +12,8 @@
 //! When the job ends, every agent is told its exit code and the restarts so far.
 
 use super::elastic::{Restart, describe_restart, unix_ms_at};
-use super::rdzv::{self, Start, ToAgent, ToHost};
+use super::rdzv::{self, Event, Start, ToAgent, ToHost, accept_loop};
+use super::rdzv_watch::{Member, Outcome, Watch, healed, may_heal, settle};
 use quinn::{Endpoint, SendStream};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -36,55 +37,10 @@ pub struct Policy {
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// What an agent's connection reports to the host's loop.
-enum Event {
-    Joined {
-        id: u64,
-        name: String,
-        host: String,
-        send: SendStream,
-    },
-    Msg {
-        id: u64,
-        msg: ToHost,
-    },
-    Gone {
-        id: u64,
-        why: String,
-    },
-}
-
 struct Agent {
     name: String,
     send: SendStream,
     gone: Option<String>,
-}
-
-/// Where a member of the running epoch stands.
-#[derive(Clone)]
-enum Member {
-    /// Not started yet (the others wait for node 0's address).
-    Idle,
-    Running,
-    Ended,
-    Gone,
-}
-
-/// How an epoch ended.
-enum Outcome {
-    Finished,
-    /// Nodes failed; `detected` is when it was first seen. `last`: no restart may follow
-    /// (a usage error, or a node stopped by a signal, e.g. Ctrl-C on its machine).
-    Failed {
-        failures: Vec<String>,
-        code: i32,
-        last: bool,
-        detected: Instant,
-    },
-    /// Agents joined; the epoch was stopped to take them in.
-    Grow {
-        detected: Instant,
-    },
 }
 
 /// Runs the rendezvous on `ep` until the job ends; every agent is told how it ended.
@@ -120,72 +76,6 @@ pub async fn host(ep: Endpoint, policy: Policy) {
     }
     accept.abort();
     ep.close(0u32.into(), b"done");
-}
-
-/// Accepts agents: each connection's first message must be a `Join` of this version.
-async fn accept_loop(ep: Endpoint, tx: mpsc::UnboundedSender<Event>) {
-    let mut next = 0u64;
-    while let Some(incoming) = ep.accept().await {
-        next += 1;
-        let (id, tx) = (next, tx.clone());
-        tokio::spawn(async move {
-            let Ok(Ok(conn)) = timeout(Duration::from_secs(10), incoming).await else {
-                return;
-            };
-            let Ok(Ok((mut send, mut recv))) =
-                timeout(Duration::from_secs(10), conn.accept_bi()).await
-            else {
-                return;
-            };
-            let join = timeout(Duration::from_secs(10), rdzv::recv::<ToHost>(&mut recv)).await;
-            let (name, host) = match join {
-                Ok(Ok(ToHost::Join {
-                    version,
-                    name,
-                    host,
-                })) if version == rdzv::VERSION => (name, host),
-                Ok(Ok(ToHost::Join { version, .. })) => {
-                    let reason = format!(
-                        "this agent speaks version {version} of the elastic rendezvous, the \
-                         host {}: run the same wiretrain on every machine",
-                        rdzv::VERSION
-                    );
-                    let _ = rdzv::send(&mut send, &ToAgent::Refused { reason }).await;
-                    let _ = send.finish();
-                    let _ = timeout(Duration::from_secs(2), send.stopped()).await;
-                    return;
-                }
-                _ => return,
-            };
-            if tx
-                .send(Event::Joined {
-                    id,
-                    name,
-                    host,
-                    send,
-                })
-                .is_err()
-            {
-                return;
-            }
-            loop {
-                match rdzv::recv::<ToHost>(&mut recv).await {
-                    Ok(msg) => {
-                        if tx.send(Event::Msg { id, msg }).is_err() {
-                            return;
-                        }
-                    }
-                    Err(why) => {
-                        let why = conn.close_reason().map_or(why, |e| {
-                            wiretrain_comm::transport::quic::describe_conn_error(&e)
-                        });
-                        let _ = tx.send(Event::Gone { id, why });
-                        return;
-                    }
-                }
-            }
-        });
-    }
 }
 
 struct Host {
@@ -302,7 +192,7 @@ impl Host {
                         &members,
                         joined,
                         "agents joined".into(),
-                        detected,
+                        (detected, "checkpoint"),
                     );
                 }
                 Outcome::Failed {
@@ -348,7 +238,40 @@ impl Host {
                         &members,
                         joined,
                         failures.join("; "),
-                        detected,
+                        (detected, "checkpoint"),
+                    );
+                }
+                Outcome::Heal {
+                    failures,
+                    code,
+                    detected,
+                    healing,
+                } => {
+                    // The survivors' processes wait, alive: the next epoch is theirs alone
+                    // (agents waiting to join come in at the next restart point).
+                    if self.failures_restarted >= self.policy.max_restarts
+                        || healing.len() < self.policy.min
+                    {
+                        let mut msg = failures;
+                        msg.push(format!(
+                            "no heal: {} restart(s) of {} made, {} node(s) left of the {} the \
+                             job needs",
+                            self.failures_restarted,
+                            self.policy.max_restarts,
+                            healing.len(),
+                            self.policy.min
+                        ));
+                        return (code, msg.join("; "));
+                    }
+                    self.failures_restarted += 1;
+                    let before = std::mem::replace(&mut members, healing);
+                    self.record(
+                        epoch + 1,
+                        &before,
+                        &members,
+                        Vec::new(),
+                        failures.join("; "),
+                        (detected, "live"),
                     );
                 }
             }
@@ -376,7 +299,7 @@ impl Host {
         after: &[u64],
         joined: Vec<usize>,
         reason: String,
-        detected: Instant,
+        (detected, recovery): (Instant, &'static str),
     ) {
         let left: Vec<usize> = (0..before.len())
             .filter(|&i| !after.contains(&before[i]))
@@ -387,12 +310,17 @@ impl Host {
             joined,
             world: after.len(),
             reason,
-            recovery: "checkpoint",
+            recovery,
             detected_unix_ms: unix_ms_at(detected.into_std()),
             restarted_unix_ms: unix_ms_at(std::time::Instant::now()),
         };
+        let what = if recovery == "live" {
+            "heal from live replicas"
+        } else {
+            "restart"
+        };
         eprintln!(
-            "wiretrain launch: elastic restart (epoch {epoch}, {} of {} allowed after failures): {}",
+            "wiretrain launch: elastic {what} (epoch {epoch}, {} of {} allowed after failures): {}",
             self.failures_restarted,
             self.policy.max_restarts,
             describe_restart(&r)
@@ -433,14 +361,20 @@ impl Host {
             if ready.is_none() && watch.stopping.is_none() && Instant::now() > ready_by {
                 watch.fail("node 0 did not report its address within 60 s".into());
             }
-            if let Some(o) = self.settle(&state, &watch) {
+            if let Some(o) = healed(members, &state, &watch) {
                 return o;
             }
-            if watch.stopping.is_some() && !watch.told {
+            if let Some(o) = settle(self.policy.grace, &state, &watch) {
+                return o;
+            }
+            if watch.stopping.is_some()
+                && !watch.told
+                && !may_heal(self.policy.grace, &state, &watch)
+            {
                 watch.told = true;
                 let reason = watch.reason.clone();
                 for (i, &id) in members.iter().enumerate() {
-                    if matches!(state[i], Member::Running) {
+                    if matches!(state[i], Member::Running | Member::Healing) {
                         let m = ToAgent::Stop {
                             epoch,
                             reason: reason.clone(),
@@ -498,6 +432,12 @@ impl Host {
                         if early && end.success {
                             watch.fail("node 0 ended before it reported its address".into());
                         }
+                        // A node killed by a signal is lost; any other failure before the
+                        // stop (a node that could not heal, or an error of its own) is not
+                        // healed.
+                        let killed =
+                            end.code > 128 && end.code != wiretrain::signal::INTERRUPTED_EXIT;
+                        watch.not_a_loss |= !end.success && !killed && !watch.told;
                         if failed {
                             let name = &self.agents[&id].name;
                             watch.fail(format!("node {i} ({name}) exited with {}", end.status));
@@ -530,34 +470,19 @@ impl Host {
                             "an agent joined: the world grows at this restart point".into();
                     }
                 }
+                Event::Msg {
+                    id,
+                    msg: ToHost::Lost { epoch: e, .. },
+                } if e == epoch => {
+                    if let Some(i) = members.iter().position(|&m| m == id)
+                        && matches!(state[i], Member::Running)
+                    {
+                        state[i] = Member::Healing;
+                    }
+                }
                 Event::Msg { .. } => {}
             }
         }
-    }
-
-    /// The epoch's outcome once every member has ended or is gone (or the stop has taken
-    /// longer than any agent may: those still silent count as lost).
-    fn settle(&self, state: &[Member], w: &Watch) -> Option<Outcome> {
-        let running = state.iter().any(|s| matches!(s, Member::Running));
-        let overdue = w.stopping.is_some_and(|t| {
-            t.elapsed() > self.policy.grace + rdzv::LINK_IDLE * 2 + Duration::from_secs(5)
-        });
-        if running && !overdue {
-            return None;
-        }
-        let Some(detected) = w.stopping else {
-            // Everyone ended on their own, well (a failure would have set `stopping`).
-            return Some(Outcome::Finished);
-        };
-        if w.grow && w.failures.is_empty() {
-            return Some(Outcome::Grow { detected });
-        }
-        Some(Outcome::Failed {
-            failures: w.failures.clone(),
-            code: if w.code == 0 { 1 } else { w.code },
-            last: w.last,
-            detected,
-        })
     }
 
     /// Sends `m` to agent `id`; an agent that cannot be told counts as gone.
@@ -571,27 +496,5 @@ impl Host {
         if let Err(e) = rdzv::send(&mut a.send, m).await {
             a.gone = Some(e);
         }
-    }
-}
-
-/// The epoch's stop in progress: when and why it began, and what failed.
-#[derive(Default)]
-struct Watch {
-    stopping: Option<Instant>,
-    told: bool,
-    grow: bool,
-    reason: String,
-    failures: Vec<String>,
-    code: i32,
-    last: bool,
-}
-
-impl Watch {
-    fn fail(&mut self, what: String) {
-        if self.stopping.is_none() {
-            self.stopping = Some(Instant::now());
-        }
-        self.reason = format!("a node failed: {what}");
-        self.failures.push(what);
     }
 }
