@@ -157,6 +157,10 @@ fn a_killed_node_under_ddp_heals_from_live_replicas_with_no_checkpoint_read() {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
 fn under_hybrid_a_survivor_whose_state_differs_receives_a_replicas_state_checked_by_digest() {
     kill_and_heal(
         "hybrid",

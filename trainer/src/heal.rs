@@ -226,7 +226,10 @@ impl Healer {
             st.reason = reason.to_string();
         }
         if st.arrived == self.ranks {
-            let outcome = self.heal_node(&mut st);
+            let outcome = match st.abandoned.clone() {
+                Some(why) => Err(HealError::Other(why)),
+                None => self.heal_node(&mut st),
+            };
             st.outcome = Some(outcome.as_ref().map_err(|e| e.to_string()).cloned());
             st.arrived = 0;
             st.step = usize::MAX;
@@ -238,11 +241,13 @@ impl Healer {
             let limit = self.wait + Duration::from_secs(60);
             let t0 = Instant::now();
             while st.round == round {
-                if let Some(why) = &st.abandoned {
-                    return Err(HealError::Other(why.clone()));
+                if let Some(why) = st.abandoned.clone() {
+                    st.arrived -= 1;
+                    return Err(HealError::Other(why));
                 }
                 let left = limit.saturating_sub(t0.elapsed());
                 if left.is_zero() {
+                    st.arrived -= 1;
                     return Err(HealError::Other(
                         "the node's other ranks did not reach the heal".into(),
                     ));
@@ -293,7 +298,16 @@ impl Healer {
             if self.stop.load(Ordering::SeqCst) {
                 return Err(HealError::Stopped);
             }
-            match std::fs::read(&answer_path) {
+            match std::fs::metadata(&answer_path).and_then(|m| {
+                if m.len() > 1 << 20 {
+                    Err(std::io::Error::other(format!(
+                        "{} bytes (at most 1 MiB)",
+                        m.len()
+                    )))
+                } else {
+                    std::fs::read(&answer_path)
+                }
+            }) {
                 Ok(b) => break b,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => return Err(io(&answer_path)(e)),

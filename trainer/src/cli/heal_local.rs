@@ -9,6 +9,7 @@
 
 use super::elastic::{Elastic, Restart, describe_restart, killed, unix_ms_at};
 use super::launcher::{Ended, LaunchError};
+use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
@@ -32,40 +33,52 @@ pub(super) struct Healing<'a> {
 }
 
 /// Waits for the slots' epoch, healing lost nodes while it may; returns how the last epoch
-/// ended (its nodes' statuses, in its node order).
+/// ended (its nodes' statuses, in its node order). A heal that cannot be completed (node 0 of
+/// the new epoch exits, or never listens) ends the epoch as failed, so the launch restarts
+/// from the checkpoint if restarts remain.
 pub(super) fn wait_healing(
     mut slots: Vec<Slot>,
     grace: Duration,
     h: &mut Healing<'_>,
 ) -> Result<Ended, LaunchError> {
     let mut first_failure: Option<Instant> = None;
+    // The nodes that reported they wait to heal (their files are consumed): pid -> report.
+    let mut ready: HashMap<u32, Ready> = HashMap::new();
     loop {
         poll(&mut slots, &mut first_failure)?;
         if slots.iter().all(|s| s.status.is_some()) {
             break;
         }
+        take_ready(&slots, h.dir, &mut ready);
         let Some(t) = first_failure else {
+            // A node lost its job while no node was lost (a timeout, a cut link): that is
+            // not healed here; it fails, and the launch restarts.
+            stop_waiting(&mut ready, h.dir, "no node of this launch was lost");
             std::thread::sleep(Duration::from_millis(20));
             continue;
         };
         if may_heal(&slots, h) {
-            match gather_ready(&mut slots, grace, h.dir, &mut first_failure)? {
-                Some(ready) => {
-                    if let Err(e) = heal(&mut slots, ready, t, h) {
+            if gather_ready(&mut slots, grace, h.dir, &mut first_failure, &mut ready)? {
+                match heal(&mut slots, &mut ready, t, h) {
+                    Ok(()) => {
+                        first_failure = None;
+                        continue;
+                    }
+                    Err(e) => {
+                        eprintln!("wiretrain launch: the heal failed ({e}); the launch restarts");
+                        stop_waiting(&mut ready, h.dir, "the heal failed");
                         for s in slots.iter_mut().filter(|s| s.status.is_none()) {
                             let _ = s.child.kill();
                             let _ = s.child.wait();
                         }
-                        return Err(e);
+                        break;
                     }
-                    first_failure = None;
-                    continue;
                 }
-                None => stop_waiting(&slots, h.dir, "a survivor exited: the launch restarts"),
             }
+            stop_waiting(&mut ready, h.dir, "a survivor exited: the launch restarts");
         } else {
             stop_waiting(
-                &slots,
+                &mut ready,
                 h.dir,
                 "this failure is not healed: the launch restarts",
             );
@@ -83,6 +96,24 @@ pub(super) fn wait_healing(
         status: slots.iter().map(|s| s.status).collect(),
         detected: first_failure,
     })
+}
+
+/// Reads (and removes) the ready files of the running slots into `ready`.
+fn take_ready(slots: &[Slot], dir: &Path, ready: &mut HashMap<u32, Ready>) {
+    for s in slots.iter().filter(|s| s.status.is_none()) {
+        let pid = s.child.id();
+        if ready.contains_key(&pid) {
+            continue;
+        }
+        let f = ready_file(dir, pid);
+        if std::fs::metadata(&f).is_ok_and(|m| m.len() <= 1 << 16)
+            && let Ok(b) = std::fs::read(&f)
+            && let Ok(r) = serde_json::from_slice::<Ready>(&b)
+        {
+            let _ = std::fs::remove_file(&f);
+            ready.insert(pid, r);
+        }
+    }
 }
 
 /// Takes in the exits; the first failure's time.
@@ -107,53 +138,38 @@ fn may_heal(slots: &[Slot], h: &Healing<'_>) -> bool {
     lost && h.history.len() < h.elastic.max_restarts && left >= h.elastic.min.max(1)
 }
 
-/// Waits (up to `grace` from now) until every running slot reported ready; `None` when one
+/// Waits (up to `grace` from now) until every running slot reported ready: `false` when one
 /// exited first (or the time ran out).
 fn gather_ready(
     slots: &mut [Slot],
     grace: Duration,
     dir: &Path,
     first_failure: &mut Option<Instant>,
-) -> Result<Option<Vec<Option<Ready>>>, LaunchError> {
+    ready: &mut HashMap<u32, Ready>,
+) -> Result<bool, LaunchError> {
     let t0 = Instant::now();
-    let mut ready: Vec<Option<Ready>> = slots.iter().map(|_| None).collect();
     loop {
         let before = slots.iter().filter(|s| s.status.is_some()).count();
         poll(slots, first_failure)?;
         let exited = slots.iter().filter(|s| s.status.is_some()).count();
-        for (i, s) in slots.iter().enumerate() {
-            if s.status.is_none() && ready[i].is_none() {
-                let f = ready_file(dir, s.child.id());
-                if let Ok(b) = std::fs::read(&f)
-                    && let Ok(r) = serde_json::from_slice::<Ready>(&b)
-                {
-                    let _ = std::fs::remove_file(&f);
-                    ready[i] = Some(r);
-                }
-            }
-        }
+        take_ready(slots, dir, ready);
         if exited > before || t0.elapsed() > grace {
-            return Ok(None);
+            return Ok(false);
         }
         if slots
             .iter()
-            .zip(&ready)
-            .all(|(s, r)| s.status.is_some() || r.is_some())
+            .all(|s| s.status.is_some() || ready.contains_key(&s.child.id()))
         {
-            return Ok(Some(ready));
+            return Ok(true);
         }
         std::thread::sleep(Duration::from_millis(10));
     }
 }
 
-/// Tells every running slot that may be waiting for an answer to stop (`why`).
-fn stop_waiting(slots: &[Slot], dir: &Path, why: &str) {
-    for s in slots.iter().filter(|s| s.status.is_none()) {
-        let pid = s.child.id();
-        if ready_file(dir, pid).exists() {
-            let _ = std::fs::remove_file(ready_file(dir, pid));
-            let _ = write_json(&answer_file(dir, pid), &Answer::Stop(why.into()));
-        }
+/// Tells every node that reported it waits to heal to stop (`why`).
+fn stop_waiting(ready: &mut HashMap<u32, Ready>, dir: &Path, why: &str) {
+    for (pid, _) in ready.drain() {
+        let _ = write_json(&answer_file(dir, pid), &Answer::Stop(why.into()));
     }
 }
 
@@ -161,7 +177,32 @@ fn stop_waiting(slots: &[Slot], dir: &Path, why: &str) {
 /// come back through files), then the others pinned to it.
 fn heal(
     slots: &mut Vec<Slot>,
-    ready: Vec<Option<Ready>>,
+    ready: &mut HashMap<u32, Ready>,
+    detected: Instant,
+    h: &mut Healing<'_>,
+) -> Result<(), LaunchError> {
+    let res = assign(slots, ready, detected, h);
+    match &res {
+        Ok(()) => {
+            // The lost nodes are gone from the launch (and from the signal's forwarding).
+            for s in slots.iter().filter(|s| s.status.is_some()) {
+                super::launcher::forget_pid(s.child.id());
+            }
+            slots.retain(|s| s.status.is_none());
+            ready.clear();
+        }
+        // The heal never took effect: it is not one of the restarts.
+        Err(_) => {
+            h.history.pop();
+        }
+    }
+    res
+}
+
+/// The heal's record and the survivors' answers (node 0's first).
+fn assign(
+    slots: &mut [Slot],
+    ready: &HashMap<u32, Ready>,
     detected: Instant,
     h: &mut Healing<'_>,
 ) -> Result<(), LaunchError> {
@@ -169,14 +210,13 @@ fn heal(
     let left: Vec<usize> = (0..world_before)
         .filter(|&i| slots[i].status.is_some())
         .collect();
-    let step = ready.iter().flatten().map(|r| r.step).max().unwrap_or(0);
+    let step = ready.values().map(|r| r.step).max().unwrap_or(0);
     let reason = left
         .iter()
         .map(|&i| format!("node {i} exited with {}", slots[i].status.expect("exited")))
         .collect::<Vec<_>>()
         .join("; ");
-    slots.retain(|s| s.status.is_none());
-    let survivors = slots;
+    let mut survivors: Vec<&mut Slot> = slots.iter_mut().filter(|s| s.status.is_none()).collect();
     let epoch = h.history.len() + 1;
     let r = Restart {
         epoch,
@@ -200,7 +240,7 @@ fn heal(
     let nnodes = survivors.len();
     let addr_file = h.dir.join(format!("master-{epoch}.addr"));
     let fp_file = h.dir.join(format!("master-{epoch}.sha256"));
-    let assign = |node: usize, master: String, bind: Option<String>, sha: Option<String>| {
+    let answer = |node: usize, master: String, bind: Option<String>, sha: Option<String>| {
         Answer::Assign(Assignment {
             epoch: epoch as u64,
             nnodes,
@@ -217,7 +257,7 @@ fn heal(
     let first = &mut survivors[0];
     write_json(
         &answer_file(h.dir, first.child.id()),
-        &assign(0, format!("{}:0", first.ip), None, None),
+        &answer(0, format!("{}:0", first.ip), None, None),
     )
     .map_err(io)?;
     let t0 = Instant::now();
@@ -243,7 +283,7 @@ fn heal(
         .map(|f| f.trim().to_string())
         .ok();
     for (node, s) in survivors.iter().enumerate().skip(1) {
-        let a = assign(
+        let a = answer(
             node,
             master.clone(),
             Some(format!("{}:0", s.ip)),

@@ -235,6 +235,14 @@ pub fn run_node(
 /// on to.
 static PIDS: Mutex<Vec<u32>> = Mutex::new(Vec::new());
 
+/// A node process of the running local launch that is gone (lost and healed around): its pid,
+/// which the system may give to another process, no longer gets the launch's signals.
+pub(super) fn forget_pid(pid: u32) {
+    PIDS.lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .retain(|&p| p != pid);
+}
+
 /// Runs `nodes` node processes of `target` on this machine, each with its rendezvous settings,
 /// and waits for all of them. When a node fails, the others get `grace` to notice and exit on
 /// their own before they are killed. Ctrl-C (or SIGTERM) is passed on to every node, which

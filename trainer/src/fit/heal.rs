@@ -70,13 +70,18 @@ pub(super) fn heal<M: Module>(
         .rejoin(local, done, &reason)
         .map_err(|x| fail(x.to_string()))?;
     trainer.rebind(rj.pg).map_err(fail)?;
-    if trainer.config().faults().heal_diverge == Some(old_node) {
+    // The test fault: this node's state differs and it claims a step fewer (so another
+    // node's state is the one sent to it).
+    let diverge = trainer.config().faults().heal_diverge == Some(old_node);
+    if diverge {
         trainer.diverge_for_test();
     }
+    let done = done.saturating_sub(usize::from(diverge));
     let agreed = trainer.agree_state(done).map_err(|x| fail(x.to_string()))?;
     let pg = trainer.process_group();
     let (rank, node, world, nodes) = (pg.rank(), pg.node(), pg.world(), pg.table().num_nodes());
     sampler.rebind(rank, world).map_err(fail)?;
+    check_world(run, world).map_err(fail)?;
     *pace = Pace::new(trainer, run);
     let lost = (cut.step + 1).saturating_sub(agreed.steps);
     let healed = unix_ms();
@@ -120,6 +125,27 @@ pub(super) fn heal<M: Module>(
     Ok(agreed.steps)
 }
 
+/// What a run of `world` ranks must satisfy as a new run would (train refuses these at
+/// start): fixed shares, one per rank, and micro-batches that divide each rank's batch.
+fn check_world(run: &FitOptions, world: usize) -> Result<(), String> {
+    if let crate::balance::Balance::Fixed(v) = &run.balance
+        && v.len() != world
+    {
+        return Err(format!(
+            "the fixed shares name {} ranks and the healed world has {world}",
+            v.len()
+        ));
+    }
+    if run.accumulate > 1 && !(run.global_batch / world).is_multiple_of(run.accumulate) {
+        return Err(format!(
+            "{} micro-batches do not divide the {} samples a rank of {world} trains on",
+            run.accumulate,
+            run.global_batch / world
+        ));
+    }
+    Ok(())
+}
+
 /// The checkpoint of `steps` when it was due and the failure cut it off (the step's update
 /// was applied, its checkpoint not written): written now, in the new epoch, so the cadence
 /// the run asked for holds. Rank 0 looks; every rank follows its answer.
@@ -132,7 +158,8 @@ fn catch_up_checkpoint<M: Module>(
     let Some(c) = &run.checkpoint else {
         return Ok(());
     };
-    if steps == 0 || !c.every.is_some_and(|k| steps.is_multiple_of(k)) {
+    let due = c.every.is_some_and(|k| steps.is_multiple_of(k)) || steps == run.steps;
+    if steps == 0 || !due {
         return Ok(());
     }
     let pg = trainer.process_group();
