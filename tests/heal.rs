@@ -1,7 +1,7 @@
 //! Healing from live replicas through the real binary (Burn's CPU backend, real QUIC between
 //! node processes): in `launch --local 3 --nnodes 2:3 --max-restarts 1`, node 2 killed with
-//! -9 under DDP (and under hybrid, 2 ranks per node, with one survivor's state made to differ)
-//! leaves two processes that go on in epoch 1 from their in-memory state, with no checkpoint
+//! -9 under DDP (under HSDP, and under hybrid, 2 ranks per node, with one survivor's state
+//! made to differ) leaves two processes that go on in epoch 1 from their in-memory state, with no checkpoint
 //! read and at most one step lost; their parameters and losses equal those of a 2-node
 //! `--resume` from the checkpoint of the step they went on from.
 
@@ -168,4 +168,9 @@ fn under_hybrid_a_survivor_whose_state_differs_receives_a_replicas_state_checked
         &[("WIRETRAIN_TEST_HEAL_DIVERGE", "1")],
         Some(true),
     );
+}
+
+#[test]
+fn under_hsdp_the_survivors_heal_their_shards_from_live_replicas() {
+    kill_and_heal("hsdp", "2", &[], None);
 }

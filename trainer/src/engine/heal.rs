@@ -35,17 +35,12 @@ const MAX_STATE_TENSORS: usize = 16;
 
 impl<M: Module> Trainer<M> {
     /// Why this trainer cannot go on from live replicas after losing a node (`None`: it
-    /// can). DDP and hybrid hold every element of their state on more than one node; the
-    /// others restart from the newest checkpoint.
+    /// can). DDP, hybrid and HSDP hold every element of their state on more than one node;
+    /// ZeRO-1/2/3 and DiLoCo restart from the newest checkpoint.
     pub fn heal_unsupported(&self) -> Option<String> {
         let s = self.cfg.strategy;
         if self.sync.outer().is_some() {
             return Some("DiLoCo's inner state is not healed from replicas".into());
-        }
-        if s.stage() == Stage::Parameters {
-            return Some(format!(
-                "{s} steps unit by unit, which is not healed from replicas"
-            ));
         }
         if s.stage() != Stage::Replicated && s.scope() == Scope::World {
             return Some(format!(
@@ -86,7 +81,9 @@ impl<M: Module> Trainer<M> {
                 *x += 0.5;
             }
         }
-        if let Some(model) = self.model.take() {
+        if !self.cfg.strategy.shards_params()
+            && let Some(model) = self.model.take()
+        {
             self.model = Some(self.layout.unflatten(model, &self.held.params));
         }
     }
@@ -263,8 +260,11 @@ impl<M: Module> Trainer<M> {
             .map_err(|e| heal_err(format!("rank {src}'s optimizer state: {e}")))?;
         self.held.params = params;
         self.held.master = master;
-        let model = self.model.take().expect("checked by rebind");
-        self.model = Some(self.layout.unflatten(model, &self.held.params));
+        // Stage 3 holds shards, and a module of placeholders at rest.
+        if !self.cfg.strategy.shards_params() {
+            let model = self.model.take().expect("checked by rebind");
+            self.model = Some(self.layout.unflatten(model, &self.held.params));
+        }
         Ok(())
     }
 

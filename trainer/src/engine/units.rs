@@ -211,15 +211,14 @@ impl<M: Units> Trainer<M> {
             clock: &clock,
         };
         let model = self.model.take().expect("model present between steps");
-        // Stages 0-2 keep the module of the last step (handles, not copies of the tensors):
-        // a step cut off by a lost node leaves the trainer whole, and a heal goes on.
-        let kept = (!sharded).then(|| model.clone());
+        // The module of the last step is kept (handles, not copies of the tensors; at rest
+        // under stage 3, placeholders): a step cut off by a lost node leaves the trainer
+        // whole, and a heal goes on.
+        let kept = model.clone();
         let (model, loss) = match self.unit_pass(model, input, loss_fn, &pass) {
             Ok(v) => v,
             Err(e) => {
-                if kept.is_some() {
-                    self.model = kept;
-                }
+                self.model = Some(kept);
                 return Err(e);
             }
         };

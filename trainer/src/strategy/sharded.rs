@@ -122,7 +122,7 @@ impl GradSync for Sharded {
             grad_scale: scale,
             readback: cx.wire,
         };
-        if matches!(self.reach, Reach::Hybrid) && self.stage != Stage::Parameters {
+        if matches!(self.reach, Reach::Hybrid) {
             // Every rank of the node got its reduced shard before any steps its optimizer
             // (a node barrier in shared memory): a node losing a peer mid-step has stepped
             // all its shards or none, so its state is one step of the replicas' (healing).
