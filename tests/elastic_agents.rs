@@ -185,10 +185,11 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
 
 /// Under DDP, a machine lost (its agent killed with -9) leaves two nodes that heal in place:
 /// the same node processes go on in epoch 1 from their live state (no checkpoint read, at
-/// most one step lost); the machine started again joins at the next restart point (a
-/// checkpoint), and the world grows back to 3.
+/// most one step lost); the machine started again joins in place too: the two regroup after
+/// a step and its fresh node receives their state, and the world grows back to 3 with no
+/// step lost and nothing read from a checkpoint.
 #[test]
-fn agents_heal_in_place_under_ddp_and_grow_back() {
+fn agents_heal_in_place_under_ddp_and_grow_back_in_place() {
     if std::fs::metadata("/proc/self/task").is_err() {
         common::skip_unless_ci("needs /proc to find the node processes");
         return;
@@ -232,6 +233,8 @@ fn agents_heal_in_place_under_ddp_and_grow_back() {
             );
             assert!(err.contains("goes on in place"), "{err}");
         }
+        // Nothing is read from a checkpoint: the heal and the growth go on in place.
+        assert!(!err.contains("resumed from"), "agent {name}: {err}");
     }
     let summary = common::jsonl(&m).into_iter().last().unwrap();
     assert_eq!(summary["world"], 3, "{summary}");
@@ -240,7 +243,20 @@ fn agents_heal_in_place_under_ddp_and_grow_back() {
     assert_eq!(r1["recovery"], "live", "{summary}");
     assert_eq!(r1["left"], serde_json::json!([2]), "{summary}");
     assert_eq!(r2["joined"], serde_json::json!([2]), "{summary}");
-    // The healed epoch's own summary line: no checkpoint read, at most one step lost.
+    // The growth was in place too: the newcomer received the state from the others.
+    assert_eq!(r2["recovery"], "live", "{summary}");
+    let heals = el["heals"]
+        .as_array()
+        .expect("the heals of node 0's process");
+    assert_eq!(heals.len(), 2, "{summary}");
+    assert_eq!(heals[1]["state_transferred"], true, "{summary}");
+    assert_eq!(heals[1]["steps_lost"], 0, "{summary}");
+    // Every step ran once after the heal: the growth lost none.
+    let all = losses(&m);
+    let from = heals[0]["went_on_from"].as_u64().unwrap() as usize;
+    let tail: Vec<usize> = all.iter().map(|x| x.0).filter(|&x| x >= from).collect();
+    assert_eq!(tail, (from..600).collect::<Vec<_>>());
+    // The process's own summary line: no checkpoint read, at most one step lost.
     let healed = common::jsonl(&m)
         .into_iter()
         .find(|l| l.get("summary").is_some() && l["elastic"]["recovery"] == "live")

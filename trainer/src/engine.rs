@@ -61,6 +61,9 @@ pub struct StepReport {
     /// Some rank asked to stop (see [`Trainer::set_stop_flag`]); every rank gets the same
     /// answer after the same step, so all of them can leave the loop together.
     pub stop: bool,
+    /// Some rank was asked to regroup (see [`Trainer::set_regroup_flag`]): every rank leaves
+    /// its epoch after this step, alive, for the next one.
+    pub regroup: bool,
 }
 
 impl StepReport {
@@ -98,6 +101,8 @@ pub struct Trainer<M: Module> {
     opt: ShardOptimizer,
     memory: MemoryReport,
     stop: Option<Arc<AtomicBool>>,
+    /// Raised when this node is asked to regroup (a growth in place).
+    regroup: Option<Arc<AtomicBool>>,
     /// `pg.bytes_sent()` and `pg.comm_busy()` when the current step began.
     sent_at_start: u64,
     busy_at_start: Duration,
@@ -181,6 +186,7 @@ impl<M: Module> Trainer<M> {
             opt,
             memory,
             stop: None,
+            regroup: None,
             sent_at_start: 0,
             busy_at_start: Duration::ZERO,
             sample_weight: 1.0,
@@ -301,6 +307,13 @@ impl<M: Module> Trainer<M> {
 
     pub fn set_stop_flag(&mut self, flag: Arc<AtomicBool>) {
         self.stop = Some(flag);
+    }
+
+    /// A flag this rank raises when its node is asked to regroup (an elastic growth in place,
+    /// [`crate::heal::Healer::regroup_flag`]); it travels with the step's loss reduction like
+    /// the stop flag, so every rank sees [`StepReport::regroup`] after the same step.
+    pub fn set_regroup_flag(&mut self, flag: Arc<AtomicBool>) {
+        self.regroup = Some(flag);
     }
 
     /// One training step: `loss_fn` runs the forward pass on this rank's batch and returns the
@@ -440,17 +453,22 @@ impl<M: Module> Trainer<M> {
             .stop
             .as_ref()
             .is_some_and(|f| f.load(Ordering::Relaxed));
+        let regroup = self
+            .regroup
+            .as_ref()
+            .is_some_and(|f| f.load(Ordering::Relaxed));
         let world = self.pg.world() as f32;
+        let flags = [stop, regroup].map(|f| f32::from(u8::from(f)));
         let agreed = self
             .pg
             .call(CallOpts::default().tag("loss"))
             .all_reduce(
-                vec![local_loss * self.sample_weight, f32::from(u8::from(stop))],
+                vec![local_loss * self.sample_weight, flags[0], flags[1]],
                 ReduceOp::Sum,
             )
             .wait()?;
         drop(agree);
-        let (loss, stop) = (agreed[0] / world, agreed[1] > 0.0);
+        let (loss, stop, regroup) = (agreed[0] / world, agreed[1] > 0.0, agreed[2] > 0.0);
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         Ok(StepReport {
             loss,
@@ -462,6 +480,7 @@ impl<M: Module> Trainer<M> {
             sent_bytes: self.pg.bytes_sent() - self.sent_at_start,
             comm_busy_ms: ms(self.pg.comm_busy().saturating_sub(self.busy_at_start)),
             stop,
+            regroup,
         })
     }
 }

@@ -186,7 +186,11 @@ pub fn fit<M: Module>(
         m.insert("global_batch".into(), run.global_batch.into());
         m.insert("accumulate".into(), run.accumulate.into());
     }
-    let start = resume_or_claim(&mut trainer, run, &run_meta, leader)?;
+    let start = match heal::setup(&mut trainer, run, &run_meta)? {
+        // A node joining in place: its state comes from the nodes already there.
+        Some(steps) => steps,
+        None => resume_or_claim(&mut trainer, run, &run_meta, leader)?,
+    };
     rec.bar.set_position(start as u64);
     if run.trace.is_some() {
         start_trace(&mut trainer)?;
@@ -215,18 +219,14 @@ pub fn fit<M: Module>(
                     return Err(e);
                 };
                 let applied = trainer.updates() > before;
-                let cx = heal::Cut { step, applied };
-                step = heal::heal(
-                    &mut trainer,
-                    &mut sampler,
-                    &mut pace,
-                    &mut rec,
-                    run,
-                    &h,
-                    cx,
-                    e,
-                    &run_meta,
-                )?;
+                let cx = heal::Cut {
+                    step,
+                    applied,
+                    reason: e.to_string(),
+                    regroup: false,
+                };
+                let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
+                step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cx, &run_meta)?;
                 leader = trainer.process_group().rank() == 0;
                 continue;
             }
@@ -234,6 +234,22 @@ pub fn fit<M: Module>(
         if rep.stop {
             stopped = Some(step);
             break;
+        }
+        if rep.regroup
+            && let Some(h) = run.heal.clone()
+        {
+            // Agents joined: this epoch ends after this step, and the next one, with them,
+            // goes on from it in place.
+            let cx = heal::Cut {
+                step,
+                applied: true,
+                reason: "agents joined: the world grows in place".into(),
+                regroup: true,
+            };
+            let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
+            step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cx, &run_meta)?;
+            leader = trainer.process_group().rank() == 0;
+            continue;
         }
         step += 1;
     }

@@ -79,6 +79,9 @@ pub struct Assignment {
     pub master_sha256: Option<String>,
     /// The launch's restarts and heals so far (as `WIRETRAIN_RESTARTS`).
     pub restarts: serde_json::Value,
+    /// The nodes of the new epoch that start fresh and receive the state (a growth in place).
+    #[serde(default)]
+    pub joined: Vec<usize>,
 }
 
 /// The launcher's answer to [`Ready`].
@@ -93,6 +96,17 @@ pub enum Answer {
 /// The file a node writes when it has lost its job.
 pub fn ready_file(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!("ready-{pid}.json"))
+}
+
+/// The file a launcher writes to ask a node to leave its epoch after its step, alive, to be
+/// moved into the next one (the world grows in place).
+pub fn regroup_file(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("regroup-{pid}"))
+}
+
+/// The file in which a node says whether it can go on in place into a next epoch.
+pub fn capable_file(dir: &Path, pid: u32) -> PathBuf {
+    dir.join(format!("capable-{pid}.json"))
 }
 
 /// The file the launcher answers in.
@@ -113,6 +127,9 @@ pub struct Rejoined {
     pub pg: ProcessGroup,
     /// The new epoch and the launch's restarts and heals so far.
     pub elastic: Elastic,
+    /// Nodes of the new epoch start fresh and receive the state (they build their trainer
+    /// and then agree, so the others meet them in the same collectives).
+    pub joined: bool,
 }
 
 struct Round {
@@ -125,7 +142,7 @@ struct Round {
     /// The new groups by local rank, and the epoch's record, once the round is done.
     groups: Vec<Option<ProcessGroup>>,
     aborters: Vec<Option<Aborter>>,
-    outcome: Option<Result<Elastic, String>>,
+    outcome: Option<Result<(Elastic, bool), String>>,
     epoch: u64,
     /// A local rank that ended without healing (its error): the others stop waiting.
     abandoned: Option<String>,
@@ -142,6 +159,8 @@ pub struct Healer {
     pub wait: Duration,
     state: Mutex<Round>,
     cv: Condvar,
+    /// Raised when the launcher asks this node to regroup (see [`regroup_file`]).
+    regroup: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Healer {
@@ -185,6 +204,41 @@ impl Healer {
                 abandoned: None,
             }),
             cv: Condvar::new(),
+            regroup: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// The flag raised when the launcher asks this node to leave its epoch after its step,
+    /// alive (a growth in place); [`crate::engine::Trainer::set_regroup_flag`] makes every
+    /// rank leave after the same step. A thread watches for the request (until the process
+    /// ends).
+    pub fn regroup_flag(&self) -> Arc<AtomicBool> {
+        static WATCHING: std::sync::Once = std::sync::Once::new();
+        let (flag, file) = (
+            self.regroup.clone(),
+            regroup_file(&self.dir, std::process::id()),
+        );
+        WATCHING.call_once(|| {
+            let _ = std::thread::Builder::new()
+                .name("wiretrain-regroup".into())
+                .spawn(move || {
+                    loop {
+                        if file.exists() {
+                            let _ = std::fs::remove_file(&file);
+                            flag.store(true, Ordering::SeqCst);
+                        }
+                        std::thread::sleep(Duration::from_millis(50));
+                    }
+                });
+        });
+        self.regroup.clone()
+    }
+
+    /// Says (once per node) whether this node can go on in place into a next epoch.
+    pub fn capable(&self, live: bool) {
+        let f = capable_file(&self.dir, std::process::id());
+        if !f.exists() {
+            let _ = write_json(&f, &serde_json::json!({ "live": live }));
         }
     }
 
@@ -231,6 +285,7 @@ impl Healer {
                 None => self.heal_node(&mut st),
             };
             st.outcome = Some(outcome.as_ref().map_err(|e| e.to_string()).cloned());
+            self.regroup.store(false, Ordering::SeqCst);
             st.arrived = 0;
             st.step = usize::MAX;
             st.reason.clear();
@@ -259,7 +314,7 @@ impl Healer {
                     .0;
             }
         }
-        let elastic = match st.outcome.clone() {
+        let (elastic, joined) = match st.outcome.clone() {
             Some(Ok(e)) => e,
             Some(Err(e)) => return Err(HealError::Other(e)),
             None => return Err(HealError::Other("no outcome".into())),
@@ -269,12 +324,16 @@ impl Healer {
             .get_mut(local)
             .and_then(Option::take)
             .ok_or_else(|| HealError::Other(format!("no process group for local rank {local}")))?;
-        Ok(Rejoined { pg, elastic })
+        Ok(Rejoined {
+            pg,
+            elastic,
+            joined,
+        })
     }
 
     /// The node's part of a heal (under the lock): the old node goes, the launcher's answer,
     /// the new node.
-    fn heal_node(&self, st: &mut Round) -> Result<Elastic, HealError> {
+    fn heal_node(&self, st: &mut Round) -> Result<(Elastic, bool), HealError> {
         // The old node's connections close; its peers (if any are alive) see it leave.
         drop(st.node.take());
         let pid = std::process::id();
@@ -365,10 +424,13 @@ impl Healer {
             node = a.node_rank,
             "healed: joined the next epoch"
         );
-        Ok(Elastic {
-            epoch: a.epoch,
-            restarts: a.restarts,
-        })
+        Ok((
+            Elastic {
+                epoch: a.epoch,
+                restarts: a.restarts,
+            },
+            !a.joined.is_empty(),
+        ))
     }
 }
 

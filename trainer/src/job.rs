@@ -38,6 +38,9 @@ pub mod env {
     /// An elastic launch's heal directory: a node whose peer is lost asks its launcher there
     /// for its place in the next epoch and goes on from its live state ([`crate::heal`]).
     pub const HEAL_DIR: &str = "WIRETRAIN_HEAL_DIR";
+    /// Set (to 1) for a node that joins a running job in a growth in place: it receives the
+    /// state from the nodes already there instead of resuming from a checkpoint.
+    pub const HEAL_JOIN: &str = "WIRETRAIN_HEAL_JOIN";
 }
 
 /// Where this process stands in an elastic launch (`wiretrain launch --max-restarts`): the

@@ -16,7 +16,9 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use wiretrain::heal::{Answer, Assignment, Ready, answer_file, ready_file, write_json};
+use wiretrain::heal::{
+    Answer, Assignment, Ready, answer_file, capable_file, ready_file, regroup_file, write_json,
+};
 use wiretrain::job::env;
 use wiretrain_comm::tls::Token;
 
@@ -151,6 +153,8 @@ struct Node {
     stop_at: Option<Instant>,
     /// It lost its job and waits, alive, for its place in the next epoch (reported `Lost`).
     healing: bool,
+    /// The epoch for which whether it can go on in place was reported (`Capable`).
+    capable_for: Option<usize>,
 }
 
 async fn agent(
@@ -261,6 +265,11 @@ async fn agent(
                     n.stop_at = Some(Instant::now());
                 }
             }
+            Some(Ok(ToAgent::Regroup { epoch })) => {
+                if let Some(n) = node.as_ref().filter(|n| n.epoch == epoch && !n.healing) {
+                    let _ = std::fs::write(regroup_file(&heal_dir, n.child.id()), b"");
+                }
+            }
             Some(Ok(ToAgent::Done { code, message })) => {
                 break if code == 0 {
                     Ok(())
@@ -349,6 +358,18 @@ fn watch(n: &mut Node, grace: Duration, heal_dir: &Path) -> Result<Option<ToHost
         n.report = None;
         return Ok(Some(m));
     }
+    let capable = capable_file(heal_dir, n.child.id());
+    if n.capable_for != Some(n.epoch)
+        && n.stop_at.is_none()
+        && let Ok(b) = std::fs::read(&capable)
+        && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&b)
+    {
+        n.capable_for = Some(n.epoch);
+        return Ok(Some(ToHost::Capable {
+            epoch: n.epoch,
+            live: v["live"] == true,
+        }));
+    }
     let ready = ready_file(heal_dir, n.child.id());
     if !n.healing
         && n.stop_at.is_none()
@@ -391,6 +412,7 @@ fn heal_in_place(n: &mut Node, s: &Start, ip: IpAddr, heal_dir: &Path) -> Result
         fingerprint_file: files.as_ref().map(|f| f.1.clone()),
         master_sha256: s.fingerprint.clone(),
         restarts: serde_json::from_str(&s.restarts).unwrap_or_default(),
+        joined: s.joined.clone(),
     };
     write_json(&answer_file(heal_dir, n.child.id()), &Answer::Assign(a))?;
     if let Some(old) = n.dir.take() {
@@ -427,7 +449,13 @@ fn start_node(
     heal_dir: &Path,
 ) -> Result<Node, LaunchError> {
     let exe = std::env::current_exe()?;
-    let target = o.target.for_epoch(s.epoch, o.resume_flag);
+    // A node joining in place receives the state from the others: it does not resume.
+    let joins_live = s.joined.contains(&s.node);
+    let target = if joins_live {
+        o.target.clone()
+    } else {
+        o.target.for_epoch(s.epoch, o.resume_flag)
+    };
     let bind = SocketAddr::new(ip, 0).to_string();
     let dir = if s.master.is_none() {
         Some(temp_dir()?)
@@ -447,6 +475,9 @@ fn start_node(
         .env(env::EPOCH, s.epoch.to_string())
         .env(env::RESTARTS, &s.restarts)
         .env(env::HEAL_DIR, heal_dir);
+    if joins_live {
+        c.env(env::HEAL_JOIN, "1");
+    }
     match (&files, &s.fingerprint) {
         (Some((_, fp)), _) => {
             c.env(env::FINGERPRINT_FILE, fp);
@@ -473,6 +504,7 @@ fn start_node(
         dir,
         stop_at: None,
         healing: false,
+        capable_for: None,
     })
 }
 

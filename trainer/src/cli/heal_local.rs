@@ -251,6 +251,7 @@ fn assign(
             fingerprint_file: (node == 0).then(|| fp_file.clone()),
             master_sha256: sha,
             restarts: restarts.clone(),
+            joined: Vec::new(),
         })
     };
     let io = |e: std::io::Error| LaunchError::Io(e);

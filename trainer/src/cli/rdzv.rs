@@ -45,6 +45,9 @@ pub enum ToHost {
     /// The agent's node of `epoch` lost its job and waits, alive, to heal in the next epoch
     /// (its state holds `step` steps): a `Start` moves it there in place.
     Lost { epoch: usize, step: usize },
+    /// Whether the agent's node of `epoch` can go on in place into a next epoch (its strategy
+    /// keeps its state on other nodes too): then the world grows in place.
+    Capable { epoch: usize, live: bool },
 }
 
 /// How a node process ended.
@@ -69,6 +72,9 @@ pub enum ToAgent {
     Done { code: i32, message: String },
     /// This agent may not join.
     Refused { reason: String },
+    /// Agents joined: the node of `epoch` leaves it after its step, alive, to be moved into
+    /// the next epoch in place (reporting `Lost`), where the newcomers receive its state.
+    Regroup { epoch: usize },
 }
 
 /// One node of an epoch, as its agent starts it.
@@ -87,6 +93,10 @@ pub struct Start {
     pub job_id: String,
     /// The restarts so far (JSON, as WIRETRAIN_RESTARTS).
     pub restarts: String,
+    /// The nodes of this epoch that start fresh and receive the state from the others (a
+    /// growth in place); empty when every node starts (or goes on) on its own.
+    #[serde(default)]
+    pub joined: Vec<usize>,
 }
 
 /// The rendezvous link's identity: a CA of its own from the job token, so that the agents'

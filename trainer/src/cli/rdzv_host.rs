@@ -13,7 +13,7 @@
 
 use super::elastic::{Restart, describe_restart, unix_ms_at};
 use super::rdzv::{self, Event, Start, ToAgent, ToHost, accept_loop};
-use super::rdzv_watch::{Member, Outcome, Watch, healed, may_heal, settle};
+use super::rdzv_watch::{Member, Outcome, Watch, healed, may_heal, regrouped, regrouping, settle};
 use quinn::{Endpoint, SendStream};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -53,6 +53,7 @@ pub async fn host(ep: Endpoint, policy: Policy) {
         agents: BTreeMap::new(),
         history: Vec::new(),
         failures_restarted: 0,
+        fresh: Vec::new(),
     };
     let (code, message) = h.run().await;
     // Agents that joined meanwhile are told too.
@@ -84,6 +85,8 @@ struct Host {
     agents: BTreeMap<u64, Agent>,
     history: Vec<Restart>,
     failures_restarted: usize,
+    /// The next epoch's nodes that start fresh and receive the state (a growth in place).
+    fresh: Vec<usize>,
 }
 
 impl Host {
@@ -180,19 +183,23 @@ impl Host {
             self.drain();
             match outcome {
                 Outcome::Finished => return (0, String::new()),
-                Outcome::Grow { detected } => {
+                Outcome::Grow { detected, in_place } => {
                     let before = members.clone();
-                    members = self.next_members(&before);
+                    let live = in_place.is_some();
+                    members = self.next_members(in_place.as_deref().unwrap_or(&before));
                     let joined: Vec<usize> = (0..members.len())
                         .filter(|&i| !before.contains(&members[i]))
                         .collect();
+                    // In place, the newcomers start fresh and receive the state.
+                    self.fresh = if live { joined.clone() } else { Vec::new() };
+                    let recovery = if live { "live" } else { "checkpoint" };
                     self.record(
                         epoch + 1,
                         &before,
                         &members,
                         joined,
                         "agents joined".into(),
-                        (detected, "checkpoint"),
+                        (detected, recovery),
                     );
                 }
                 Outcome::Failed {
@@ -333,6 +340,7 @@ impl Host {
         let world = members.len();
         let restarts = serde_json::to_string(&self.history).unwrap_or_else(|_| "[]".into());
         let job_id = self.policy.job_id.clone();
+        let fresh = std::mem::take(&mut self.fresh);
         let start = |node: usize, master: Option<String>, fingerprint: Option<String>| {
             ToAgent::Start(Start {
                 epoch,
@@ -342,9 +350,12 @@ impl Host {
                 fingerprint,
                 job_id: job_id.clone(),
                 restarts: restarts.clone(),
+                joined: fresh.clone(),
             })
         };
         let mut state = vec![Member::Idle; world];
+        // Whether each node can go on in place (as its agent reports it).
+        let mut live: Vec<Option<bool>> = vec![None; world];
         state[0] = Member::Running;
         let mut watch = Watch::default();
         // Node 0 first: it binds and reports its address.
@@ -364,12 +375,16 @@ impl Host {
             if let Some(o) = healed(members, &state, &watch) {
                 return o;
             }
+            if let Some(o) = regrouped(members, &state, &watch) {
+                return o;
+            }
             if let Some(o) = settle(self.policy.grace, &state, &watch) {
                 return o;
             }
             if watch.stopping.is_some()
                 && !watch.told
                 && !may_heal(self.policy.grace, &state, &watch)
+                && !regrouping(self.policy.grace, &watch)
             {
                 watch.told = true;
                 let reason = watch.reason.clone();
@@ -468,6 +483,24 @@ impl Host {
                         watch.grow = true;
                         watch.reason =
                             "an agent joined: the world grows at this restart point".into();
+                        // Every node can go on in place: they regroup after their step, and
+                        // the newcomers receive the state from them.
+                        if live.iter().all(|l| *l == Some(true))
+                            && state.iter().all(|s| matches!(s, Member::Running))
+                        {
+                            watch.regroup = true;
+                            for &id in members {
+                                self.tell(id, &ToAgent::Regroup { epoch }).await;
+                            }
+                        }
+                    }
+                }
+                Event::Msg {
+                    id,
+                    msg: ToHost::Capable { epoch: e, live: l },
+                } if e == epoch => {
+                    if let Some(i) = members.iter().position(|&m| m == id) {
+                        live[i] = Some(l);
                     }
                 }
                 Event::Msg {

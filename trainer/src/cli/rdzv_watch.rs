@@ -33,6 +33,9 @@ pub(super) enum Outcome {
     /// Agents joined; the epoch was stopped to take them in.
     Grow {
         detected: Instant,
+        /// The nodes that regrouped and wait, alive, to go on in place with the newcomers
+        /// (in node order); `None`: they stopped and checkpointed.
+        in_place: Option<Vec<u64>>,
     },
     /// Nodes were lost and every other node waits, alive, to heal: `healing` (in node order)
     /// go on in the next epoch from their live state.
@@ -53,6 +56,34 @@ pub(super) fn may_heal(grace: Duration, state: &[Member], w: &Watch) -> bool {
         && !w.last
         && !w.not_a_loss
         && state.iter().any(|s| matches!(s, Member::Running))
+}
+
+/// A growth in place is under way: asked to regroup, every node leaves its epoch after its
+/// step, alive; the host waits for them (within the grace period) instead of stopping them.
+pub(super) fn regrouping(grace: Duration, w: &Watch) -> bool {
+    w.regroup && w.failures.is_empty() && w.stopping.is_some_and(|t| t.elapsed() <= grace)
+}
+
+/// The growth in place is ready: every node (none failed) waits, alive, to go on.
+pub(super) fn regrouped(members: &[u64], state: &[Member], w: &Watch) -> Option<Outcome> {
+    let detected = w.stopping?;
+    if !w.regroup || w.told || !w.failures.is_empty() {
+        return None;
+    }
+    if state
+        .iter()
+        .any(|s| !matches!(s, Member::Healing | Member::Gone))
+    {
+        return None;
+    }
+    let waiting: Vec<u64> = (0..members.len())
+        .filter(|&i| matches!(state[i], Member::Healing))
+        .map(|i| members[i])
+        .collect();
+    (!waiting.is_empty()).then_some(Outcome::Grow {
+        detected,
+        in_place: Some(waiting),
+    })
 }
 
 /// The epoch ends in a heal: nodes were lost, nothing else failed, and every node left
@@ -97,7 +128,10 @@ pub(super) fn settle(grace: Duration, state: &[Member], w: &Watch) -> Option<Out
         return Some(Outcome::Finished);
     };
     if w.grow && w.failures.is_empty() {
-        return Some(Outcome::Grow { detected });
+        return Some(Outcome::Grow {
+            detected,
+            in_place: None,
+        });
     }
     Some(Outcome::Failed {
         failures: w.failures.clone(),
@@ -119,6 +153,8 @@ pub(super) struct Watch {
     pub(super) last: bool,
     /// A failure other than a lost node (killed by a signal, or its agent gone): no heal.
     pub(super) not_a_loss: bool,
+    /// The growth is in place: the nodes were asked to regroup, not stopped.
+    pub(super) regroup: bool,
 }
 
 impl Watch {

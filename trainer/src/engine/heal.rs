@@ -88,6 +88,24 @@ impl<M: Module> Trainer<M> {
         }
     }
 
+    /// The collectives a trainer's construction makes (the model check and rank 0's
+    /// parameters), made by the ranks already in a job that nodes join in place, so that they
+    /// meet the newcomers' [`Trainer::new`] / [`Trainer::with_units`]; what this rank holds
+    /// is unchanged (the state then comes from [`Trainer::agree_state`]).
+    pub fn welcome_joiners(&mut self) -> Result<(), super::TrainError> {
+        super::check_agreement(&mut self.pg, &self.layout)?;
+        let total = self.layout.total();
+        let params = if self.cfg.strategy.shards_params() {
+            // Rank 0 holds only its shards: the newcomers' placeholder values (replaced by
+            // the agreed state).
+            vec![0.0; total]
+        } else {
+            self.held.params.clone()
+        };
+        self.pg.broadcast(params, 0).wait()?;
+        Ok(())
+    }
+
     /// Optimizer steps this trainer applied (counted when the optimizer stepped, before the
     /// gather that may follow it).
     pub fn updates(&self) -> usize {

@@ -13,10 +13,48 @@ use crate::heal::Healer;
 use burn::module::Module;
 use std::sync::Arc;
 
-/// The step a failure cut off, and whether its update was applied before it failed.
+/// The step a failure cut off (or after which the node regroups), whether its update was
+/// applied, and why.
 pub(super) struct Cut {
     pub step: usize,
     pub applied: bool,
+    pub reason: String,
+    /// Not a failure: the launcher moves this node into a bigger epoch in place.
+    pub regroup: bool,
+}
+
+/// Before the loop, in a run that heals: says whether this node can go on in place (so the
+/// launcher may grow the world in place) and arms the regroup flag; a node that joins in
+/// place (`WIRETRAIN_HEAL_JOIN`) receives the state from the nodes already there. Returns the
+/// step to start from when it joined so.
+pub(super) fn setup<M: Module>(
+    trainer: &mut Trainer<M>,
+    run: &FitOptions,
+    run_meta: &serde_json::Value,
+) -> Result<Option<usize>, FitError> {
+    let Some(h) = &run.heal else {
+        return Ok(None);
+    };
+    let live = trainer.heal_unsupported().is_none();
+    h.capable(live);
+    if live {
+        trainer.set_regroup_flag(h.regroup_flag());
+    }
+    let joining = std::env::var(crate::job::env::HEAL_JOIN).is_ok_and(|v| v == "1");
+    if !joining {
+        return Ok(None);
+    }
+    let agreed = trainer.agree_state(0)?;
+    // The collectives the nodes already there make after agreeing (see `heal`).
+    catch_up_checkpoint(trainer, run, run_meta, agreed.steps)?;
+    if trainer.process_group().rank() == 0 {
+        eprintln!("wiretrain: joined in place at step {}", agreed.steps);
+    }
+    tracing::info!(
+        step = agreed.steps,
+        "joined a running job: the state came from a live replica"
+    );
+    Ok(Some(agreed.steps))
 }
 
 /// The healer to go on with after `e`: a communication failure, in a run that heals, under a
@@ -49,12 +87,15 @@ pub(super) fn heal<M: Module>(
     run: &FitOptions,
     h: &Healer,
     cut: Cut,
-    e: FitError,
     run_meta: &serde_json::Value,
 ) -> Result<usize, FitError> {
     let detected = unix_ms();
-    let reason = e.to_string();
-    let failure = format!("step {} failed: {reason}", cut.step);
+    let reason = cut.reason.clone();
+    let failure = if cut.regroup {
+        format!("after step {}: {reason}", cut.step)
+    } else {
+        format!("step {} failed: {reason}", cut.step)
+    };
     let fail = |why: String| FitError::Heal {
         failure: failure.clone(),
         why,
@@ -63,8 +104,13 @@ pub(super) fn heal<M: Module>(
     let pg = trainer.process_group();
     let (local, was_leader, old_node) = (pg.local_rank(), pg.rank() == 0, pg.node());
     if was_leader {
+        let what = if cut.regroup {
+            "regrouping in place"
+        } else {
+            "healing from live replicas"
+        };
         rec.bar
-            .suspend(|| eprintln!("wiretrain: {failure}; healing from live replicas"));
+            .suspend(|| eprintln!("wiretrain: {failure}; {what}"));
     }
     let rj = h
         .rejoin(local, done, &reason)
@@ -77,6 +123,11 @@ pub(super) fn heal<M: Module>(
         trainer.diverge_for_test();
     }
     let done = done.saturating_sub(usize::from(diverge));
+    let rj_joined = rj.joined;
+    if rj.joined {
+        // Newcomers build their trainers (collectives this rank meets) before they agree.
+        trainer.welcome_joiners().map_err(|x| fail(x.to_string()))?;
+    }
     let agreed = trainer.agree_state(done).map_err(|x| fail(x.to_string()))?;
     let pg = trainer.process_group();
     let (rank, node, world, nodes) = (pg.rank(), pg.node(), pg.world(), pg.table().num_nodes());
@@ -106,6 +157,10 @@ pub(super) fn heal<M: Module>(
     let epoch = rj.elastic.epoch;
     rec.healed(event, rj.elastic, rank == 0, run)?;
     catch_up_checkpoint(trainer, run, run_meta, agreed.steps)?;
+    if rj_joined && run.trace.is_some() {
+        // The newcomers' traces take their clock offset to rank 0 (a collective).
+        crate::trace::estimate_offset(trainer.process_group())?;
+    }
     if rank == 0 {
         rec.bar.suspend(|| {
             eprintln!(

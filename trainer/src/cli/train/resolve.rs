@@ -386,7 +386,9 @@ impl TrainArgs {
                 if resume && self.overwrite_checkpoints {
                     usage!("--overwrite-checkpoints starts afresh; it cannot go with --resume");
                 }
-                if !resume && !self.overwrite_checkpoints {
+                // A node joining a running job in place writes into that job's directory.
+                let joining = std::env::var(wiretrain::job::env::HEAL_JOIN).is_ok_and(|v| v == "1");
+                if !resume && !self.overwrite_checkpoints && !joining {
                     // Refused here, before joining, with exit 2; the trainer checks again.
                     wiretrain::checkpoint::ensure_unused(&dir)
                         .map_err(|e| crate::cli::usage_error(format!("--checkpoint-dir: {e}")))?;
