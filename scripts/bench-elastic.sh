@@ -16,6 +16,10 @@
 # instead of restarting: "detect" is then a survivor's own failure (its idle timeout), "restart"
 # the end of the heal (new epoch joined in-process, state agreed), and the step gone on from is
 # the one the state holds (no checkpoint read).
+# MODE=agents-heal is MODE=agents under DDP: the survivors heal in place, and with GROW=1 the
+# returning agent joins in place (the nodes regroup after a step and its node receives their
+# state); the growth's columns are then the seconds from the host seeing the join to the
+# regrouped epoch's state agreed, from there to its first step, and the steps lost.
 #
 #   BIN=$CARGO_TARGET_DIR/debug/wiretrain scripts/bench-elastic.sh
 #
@@ -31,9 +35,10 @@ IDLE=${IDLE:-3}
 DEVICE=${DEVICE:-cpu}
 MODE=${MODE:-local}
 GROW=${GROW:-0}
-[ "$GROW" = 0 ] || [ "$MODE" = agents ] || { echo "GROW=1 needs MODE=agents"; exit 2; }
+AGENTS=$([[ "$MODE" = agents* ]] && echo 1 || echo 0)
+[ "$GROW" = 0 ] || [ "$AGENTS" = 1 ] || { echo "GROW=1 needs MODE=agents or agents-heal"; exit 2; }
 STEPS=${STEPS:-$([ "$GROW" = 1 ] && echo 3000 || echo 300)}
-STRATEGY=$([ "$MODE" = heal ] && echo ddp || echo zero2)
+STRATEGY=$([[ "$MODE" = *heal ]] && echo ddp || echo zero2)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 echo "# $(date -u +%FT%TZ) $(nproc) cores; idle timeout ${IDLE} s; mode $MODE; grow $GROW; $STEPS steps"
@@ -44,7 +49,7 @@ for r in $(seq 1 "$RUNS"); do
   train=(train --example mlp --strategy "$STRATEGY" --steps "$STEPS" --global-batch 24 --device "$DEVICE"
     --checkpoint-every 10 --checkpoint-keep 100 --checkpoint-dir "$d/ck" --metrics "$d/m.jsonl"
     --idle-timeout "$IDLE" --no-progress)
-  if [ "$MODE" = agents ]; then
+  if [ "$AGENTS" = 1 ]; then
     export WIRETRAIN_TOKEN=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     port=$(python3 -c 'import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     agents=()
@@ -62,7 +67,7 @@ for r in $(seq 1 "$RUNS"); do
     [ -f "$d/m.jsonl" ] && [ "$(wc -l < "$d/m.jsonl")" -ge 20 ] && break
     sleep 0.1
   done
-  if [ "$MODE" = agents ]; then
+  if [ "$AGENTS" = 1 ]; then
     kill_ms=$(date +%s%3N)
     kill -9 "${agents[2]}"
     if [ "$GROW" = 1 ]; then
@@ -93,14 +98,22 @@ for r in $(seq 1 "$RUNS"); do
   python3 - "$d/m.jsonl" "$kill_ms" "$r" "$GROW" "$MODE" <<'EOF'
 import json, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
-if sys.argv[5] == "heal":
+if sys.argv[5].endswith("heal"):
     # The same processes went on: one summary, its heal's times as the survivors saw them.
     el = lines[-1]["elastic"]
     assert el["recovery"] == "live", el
     h, kill = el["heals"][0], int(sys.argv[2])
     d, t, f = h["detected_unix_ms"], h["healed_unix_ms"], h["first_step_unix_ms"]
-    print(sys.argv[3], f"{(d - kill) / 1e3:.2f}", f"{(t - d) / 1e3:.2f}", f"{(f - t) / 1e3:.2f}",
-          f"{(f - d) / 1e3:.2f}", h["went_on_from"], h["steps_lost"])
+    row = [sys.argv[3], f"{(d - kill) / 1e3:.2f}", f"{(t - d) / 1e3:.2f}", f"{(f - t) / 1e3:.2f}",
+           f"{(f - d) / 1e3:.2f}", h["went_on_from"], h["steps_lost"]]
+    if sys.argv[4] == "1":
+        # The growth in place: the host saw the join, the nodes regrouped and agreed.
+        r2, h2 = el["restarts"][1], el["heals"][1]
+        assert r2["joined"] == [2] and r2["recovery"] == "live" and h2["state_transferred"], el
+        row += [f"{(h2['healed_unix_ms'] - r2['detected_unix_ms']) / 1e3:.2f}",
+                f"{(h2['first_step_unix_ms'] - h2['healed_unix_ms']) / 1e3:.2f}",
+                h2["steps_lost"]]
+    print(*row)
     sys.exit(0)
 # One summary per epoch that ended on its own terms (epoch 0's nodes failed: none); each
 # carries its restart's cost (elastic.steps_lost: done after the checkpoint, then again).
