@@ -267,7 +267,9 @@ fn train_rank(ctx: RankContext, sh: Shared) -> Result<Option<usize>> {
     let device = ctx.device();
     let mut sh = sh;
     sh.fit.stop = Some(ctx.stop.clone());
-    sh.fit.heal = ctx.heal.clone();
+    // `--strategy auto` measures with collectives before training, which nodes healed or
+    // regrouped in place would not meet: such a run restarts from its checkpoint instead.
+    sh.fit.heal = ctx.heal.clone().filter(|_| sh.run.auto.is_none());
     let pg = ctx.pg;
     if pg.rank() == 0 {
         eprintln!(
