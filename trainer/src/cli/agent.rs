@@ -206,14 +206,37 @@ async fn agent(
         };
         match msg {
             Some(Ok(ToAgent::Start(s))) => {
-                // A node waiting to heal goes on in place: it is told its place in the epoch.
-                if let Some(n) = node.as_mut().filter(|n| n.healing)
-                    && !stop.load(Ordering::SeqCst)
-                {
-                    match heal_in_place(n, &s, ip, &heal_dir) {
-                        Ok(()) => continue,
-                        Err(e) => tracing::warn!("healing in place failed ({e}); restarting"),
+                // A node waiting to heal goes on in place when the epoch does: it is told
+                // its place in it. In an epoch that starts afresh it is stopped first.
+                let in_place = s.in_place && !s.joined.contains(&s.node);
+                if let Some(n) = node.as_mut().filter(|n| n.healing) {
+                    if in_place && !stop.load(Ordering::SeqCst) {
+                        match heal_in_place(n, &s, ip, &heal_dir) {
+                            Ok(()) => continue,
+                            Err(e) => tracing::warn!("healing in place failed ({e})"),
+                        }
+                    } else {
+                        let f = answer_file(&heal_dir, n.child.id());
+                        let _ = write_json(&f, &Answer::Stop("the job restarts afresh".into()));
                     }
+                }
+                if in_place {
+                    // The node this epoch goes on with is gone: the host restarts the job.
+                    if let Some(mut n) = node.take() {
+                        end_node(&mut n);
+                    }
+                    let m = ToHost::Exited {
+                        epoch: s.epoch,
+                        end: NodeEnd {
+                            status: "no node to go on in place".into(),
+                            code: 1,
+                            success: false,
+                        },
+                    };
+                    if let Err(e) = rdzv::send(&mut send, &m).await {
+                        break Err(lost(e));
+                    }
+                    continue;
                 }
                 if let Some(mut n) = node.take() {
                     end_node(&mut n);

@@ -18,7 +18,7 @@ use wiretrain_comm::transport::quic;
 use wiretrain_comm::wire;
 
 /// The version of these messages; agents of another version are refused.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// A link silent this long is gone (its agent's machine died or was cut off).
 pub const LINK_IDLE: Duration = Duration::from_secs(5);
 /// The longest a message may take to leave.
@@ -97,6 +97,10 @@ pub struct Start {
     /// growth in place); empty when every node starts (or goes on) on its own.
     #[serde(default)]
     pub joined: Vec<usize>,
+    /// The epoch goes on in place (a heal or a growth in place): a node waiting to heal is
+    /// moved into it; otherwise every node starts afresh (a waiting one is stopped first).
+    #[serde(default)]
+    pub in_place: bool,
 }
 
 /// The rendezvous link's identity: a CA of its own from the job token, so that the agents'

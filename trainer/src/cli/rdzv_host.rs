@@ -54,6 +54,7 @@ pub async fn host(ep: Endpoint, policy: Policy) {
         history: Vec::new(),
         failures_restarted: 0,
         fresh: Vec::new(),
+        in_place: false,
     };
     let (code, message) = h.run().await;
     // Agents that joined meanwhile are told too.
@@ -87,6 +88,8 @@ struct Host {
     failures_restarted: usize,
     /// The next epoch's nodes that start fresh and receive the state (a growth in place).
     fresh: Vec<usize>,
+    /// The next epoch goes on in place (a heal or a growth in place).
+    in_place: bool,
 }
 
 impl Host {
@@ -192,6 +195,7 @@ impl Host {
                         .collect();
                     // In place, the newcomers start fresh and receive the state.
                     self.fresh = if live { joined.clone() } else { Vec::new() };
+                    self.in_place = live;
                     let recovery = if live { "live" } else { "checkpoint" };
                     self.record(
                         epoch + 1,
@@ -271,6 +275,7 @@ impl Host {
                         return (code, msg.join("; "));
                     }
                     self.failures_restarted += 1;
+                    self.in_place = true;
                     let before = std::mem::replace(&mut members, healing);
                     self.record(
                         epoch + 1,
@@ -341,6 +346,7 @@ impl Host {
         let restarts = serde_json::to_string(&self.history).unwrap_or_else(|_| "[]".into());
         let job_id = self.policy.job_id.clone();
         let fresh = std::mem::take(&mut self.fresh);
+        let in_place = std::mem::take(&mut self.in_place);
         let start = |node: usize, master: Option<String>, fingerprint: Option<String>| {
             ToAgent::Start(Start {
                 epoch,
@@ -351,6 +357,7 @@ impl Host {
                 job_id: job_id.clone(),
                 restarts: restarts.clone(),
                 joined: fresh.clone(),
+                in_place,
             })
         };
         let mut state = vec![Member::Idle; world];

@@ -122,19 +122,29 @@ impl<M: Module> Trainer<M> {
         let digest = self.state_digest(&exported);
         let mut mine = (steps as u64).to_le_bytes().to_vec();
         mine.extend_from_slice(&digest);
+        mine.extend_from_slice(&self.step_shape());
         let all = self.pg.all_gather_bytes(&mine)?;
         let entries: Vec<Entry> = all
             .iter()
             .enumerate()
             .map(|(r, b)| {
-                (b.len() == 40)
+                (b.len() == 48)
                     .then(|| Entry {
                         steps: u64::from_le_bytes(b[..8].try_into().expect("8")) as usize,
-                        digest: b[8..].try_into().expect("32"),
+                        digest: b[8..40].try_into().expect("32"),
                     })
                     .ok_or_else(|| heal_err(format!("rank {r} sent a malformed state entry")))
             })
             .collect::<Result<_, _>>()?;
+        // Every rank must step alike: the same strategy, buckets and overlap (a newcomer
+        // resolves `--overlap auto` from its own world, which may differ from the others').
+        if let Some(r) = all.iter().position(|b| b[40..] != all[0][40..]) {
+            return Err(heal_err(format!(
+                "rank {r} would step differently from rank 0 (another strategy, buckets or \
+                 overlap; e.g. `--overlap auto` resolved on another world size): set --overlap \
+                 on or off for elastic launches"
+            )));
+        }
         // Under DDP every rank holds the whole state: one replica group. Under hybrid each
         // local rank's shard is replicated on the other nodes: a group per local rank.
         let table = self.pg.table().clone();
@@ -284,6 +294,19 @@ impl<M: Module> Trainer<M> {
             self.model = Some(self.layout.unflatten(model, &self.held.params));
         }
         Ok(())
+    }
+
+    /// What the ranks' steps must agree on (strategy, overlap, buckets), as 8 bytes.
+    fn step_shape(&self) -> [u8; 8] {
+        let mut h = Sha256::new();
+        h.update(self.cfg.strategy.to_string().as_bytes());
+        h.update([u8::from(self.unit_overlap)]);
+        for b in &self.held.buckets {
+            h.update((b.start as u64).to_le_bytes());
+            h.update((b.end as u64).to_le_bytes());
+        }
+        let d: [u8; 32] = h.finalize().into();
+        d[..8].try_into().expect("8 bytes")
     }
 
     /// SHA-256 over this rank's parameters, f32 master and optimizer state.
