@@ -412,19 +412,24 @@ fn watch(n: &mut Node, grace: Duration, heal_dir: &Path) -> Result<Option<ToHost
     Ok(None)
 }
 
+/// Node 0 of `s` (no master given) reports its address and certificate through files in a
+/// directory of its own: (the directory, (address file, certificate file)); none elsewhere.
+#[allow(clippy::type_complexity)]
+fn node0_files(s: &Start) -> Result<(Option<PathBuf>, Option<(PathBuf, PathBuf)>), LaunchError> {
+    if s.master.is_some() {
+        return Ok((None, None));
+    }
+    let d = temp_dir()?;
+    let files = (d.join("master.addr"), d.join("master.sha256"));
+    Ok((Some(d), Some(files)))
+}
+
 /// Moves a node waiting to heal into epoch `s` in place: its answer names its rank, the world
 /// and node 0 (node 0 itself binds `ip` and writes its address and certificate to files of
 /// its own, which `watch` reports as `Ready`).
 fn heal_in_place(n: &mut Node, s: &Start, ip: IpAddr, heal_dir: &Path) -> Result<(), LaunchError> {
     let bind = SocketAddr::new(ip, 0);
-    let dir = if s.master.is_none() {
-        Some(temp_dir()?)
-    } else {
-        None
-    };
-    let files = dir
-        .as_ref()
-        .map(|d| (d.join("master.addr"), d.join("master.sha256")));
+    let (dir, files) = node0_files(s)?;
     let a = Assignment {
         epoch: s.epoch as u64,
         nnodes: s.world,
@@ -480,14 +485,7 @@ fn start_node(
         o.target.for_epoch(s.epoch, o.resume_flag)
     };
     let bind = SocketAddr::new(ip, 0).to_string();
-    let dir = if s.master.is_none() {
-        Some(temp_dir()?)
-    } else {
-        None
-    };
-    let files = dir
-        .as_ref()
-        .map(|d| (d.join("master.addr"), d.join("master.sha256")));
+    let (dir, files) = node0_files(s)?;
     let master = s.master.clone().unwrap_or_else(|| bind.clone());
     let place = match &files {
         Some((addr, _)) => Place::AddrFile(addr),
