@@ -190,17 +190,31 @@ fn agents_restart_without_a_killed_machine_and_grow_back_when_it_returns() {
 /// step lost and nothing read from a checkpoint.
 #[test]
 fn agents_heal_in_place_under_ddp_and_grow_back_in_place() {
+    heal_in_place_and_grow_back("ddp", &[]);
+}
+
+/// Under DiLoCo the survivors keep their inner states and the newcomer takes node 0's (and
+/// the outer state), each checked by digest.
+#[test]
+fn agents_heal_in_place_under_diloco_and_grow_back_in_place() {
+    heal_in_place_and_grow_back("diloco", &["--inner-steps", "4"]);
+}
+
+/// Kills agent C of 3 training `strategy` with `flags`: A and B heal in place; C started
+/// again joins in place, receiving the state from them.
+fn heal_in_place_and_grow_back(strategy: &str, flags: &[&str]) {
     if std::fs::metadata("/proc/self/task").is_err() {
         common::skip_unless_ci("needs /proc to find the node processes");
         return;
     }
-    let d = dir("agents-heal");
+    let d = dir(&format!("agents-heal-{strategy}"));
     let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
     let master = format!("127.0.0.1:{}", free_port());
     // Enough steps that the job still runs when the machine comes back.
     let steps = "1500";
-    let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
-    let [mut a, mut b, mut c] = three_of("ddp", &master, steps, &extra);
+    let mut extra = vec!["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
+    extra.extend_from_slice(flags);
+    let [mut a, mut b, mut c] = three_of(strategy, &master, steps, &extra);
     common::wait_until(&mut a, Duration::from_secs(120), "20 steps", || {
         common::line_count(&m) >= 20
     });
@@ -220,7 +234,7 @@ fn agents_heal_in_place_under_ddp_and_grow_back_in_place() {
         let now = (0..3).find_map(|i| common::node_pid(x.id(), i));
         assert_eq!(now, n, "the node process goes on in place");
     }
-    let mut c2 = agent_of("ddp", &master, "127.0.0.3", steps, &extra);
+    let mut c2 = agent_of(strategy, &master, "127.0.0.3", steps, &extra);
     for (x, name) in [(&mut a, "A"), (&mut b, "B"), (&mut c2, "C again")] {
         let st = common::wait_exit_or(x, Duration::from_secs(300), "the job hangs");
         let err = common::stderr_of(x);

@@ -1,9 +1,10 @@
 //! Healing from live replicas through the real binary (Burn's CPU backend, real QUIC between
 //! node processes): in `launch --local 3 --nnodes 2:3 --max-restarts 1`, node 2 killed with
-//! -9 under DDP (under HSDP, and under hybrid, 2 ranks per node, with one survivor's state
-//! made to differ) leaves two processes that go on in epoch 1 from their in-memory state, with no checkpoint
-//! read and at most one step lost; their parameters and losses equal those of a 2-node
-//! `--resume` from the checkpoint of the step they went on from.
+//! -9 under DDP (under HSDP, under DiLoCo, and under hybrid, 2 ranks per node, with one
+//! survivor's state made to differ) leaves two processes that go on in epoch 1 from their
+//! in-memory state, with no checkpoint read and at most one step lost; their parameters and
+//! losses equal those of a 2-node `--resume` from the checkpoint of the step they went on
+//! from.
 
 mod common;
 
@@ -13,10 +14,11 @@ use std::time::{Duration, Instant};
 
 /// `launch --local 3 --ranks-per-node R --nnodes 2:3 --max-restarts 1 -- train` of the mlp
 /// example (300 steps, a checkpoint after every step, all kept, a 3 s idle timeout).
-fn heal_args(strategy: &str, ranks: &str, d: &Path) -> Vec<String> {
+fn heal_args(strategy: &str, flags: &[&str], ranks: &str, d: &Path) -> Vec<String> {
     let mut a = vec!["launch", "--local", "3", "--ranks-per-node", ranks];
     a.extend(["--nnodes", "2:3", "--max-restarts", "1", "--", "train"]);
     a.extend(common::mlp(strategy, "300", BATCH, "5", "cpu"));
+    a.extend_from_slice(flags);
     a.extend(["--checkpoint-every", "1", "--checkpoint-keep", "400"]);
     a.extend(["--idle-timeout", "3"]);
     let mut a: Vec<String> = a.into_iter().map(String::from).collect();
@@ -40,20 +42,26 @@ fn floats(p: &Path) -> Vec<f32> {
         .collect()
 }
 
-/// Runs the launch, kills node 2 after 20 steps and checks the heal; returns nothing where
-/// /proc shows no children (never under CI=true).
-fn kill_and_heal(strategy: &str, ranks: &str, envs: &[(&str, &str)], transferred: Option<bool>) {
-    let d = dir(&format!("heal-{strategy}"));
+/// Runs the launch (`strategy` with its `flags`), kills node 2 after 20 steps (unless `envs`
+/// has it kill itself with WIRETRAIN_TEST_DIE_AT) and checks the heal; returns its event in
+/// the summary, or nothing where /proc shows no children (never under CI=true).
+fn kill_and_heal(
+    (strategy, flags): (&str, &[&str]),
+    ranks: &str,
+    envs: &[(&str, &str)],
+    transferred: Option<bool>,
+) -> Option<serde_json::Value> {
+    let d = dir(&format!("heal-{strategy}-{}", envs.len()));
     let m = d.join("m.jsonl");
-    let mut child = common::spawn(&heal_args(strategy, ranks, &d), envs);
-    common::wait_until(&mut child, Duration::from_secs(120), "20 steps", || {
-        common::line_count(&m) >= 20
-    });
-    let Some(victim) = common::ckpt::node_or_skip(&mut child, 2) else {
-        return;
-    };
+    let mut child = common::spawn(&heal_args(strategy, flags, ranks, &d), envs);
     let killed = Instant::now();
-    common::signal(victim, "-9");
+    if !envs.iter().any(|(k, _)| *k == "WIRETRAIN_TEST_DIE_AT") {
+        common::wait_until(&mut child, Duration::from_secs(120), "20 steps", || {
+            common::line_count(&m) >= 20
+        });
+        let victim = common::ckpt::node_or_skip(&mut child, 2)?;
+        common::signal(victim, "-9");
+    }
     let status = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
     let err = common::stderr_of(&mut child);
     assert!(status.success(), "the job heals and finishes: {err}");
@@ -67,7 +75,7 @@ fn kill_and_heal(strategy: &str, ranks: &str, envs: &[(&str, &str)], transferred
         "no checkpoint is read: {err}"
     );
     assert!(
-        killed.elapsed() <= Duration::from_secs(120),
+        killed.elapsed() <= Duration::from_secs(180),
         "healed in time"
     );
 
@@ -134,7 +142,8 @@ fn kill_and_heal(strategy: &str, ranks: &str, envs: &[(&str, &str)], transferred
     // A 2-node resume from the checkpoint of the step the heal went on from: same losses,
     // same parameters.
     let (m2, p2) = (d.join("m2.jsonl"), d.join("p2.bin"));
-    let extra = ["--metrics", s(&m2), "--save-params", s(&p2)];
+    let mut extra = vec!["--metrics", s(&m2), "--save-params", s(&p2)];
+    extra.extend_from_slice(flags);
     common::ckpt::resume_copy(&d, &d.join("ck"), from, ("2", ranks), strategy, &extra);
     let reference = losses(&m2);
     let after = &all[all.len() - reference.len()..];
@@ -149,11 +158,12 @@ fn kill_and_heal(strategy: &str, ranks: &str, envs: &[(&str, &str)], transferred
         .fold(0.0f32, f32::max);
     assert!(worst <= 1e-5, "parameters differ by {worst}");
     let _ = std::fs::remove_dir_all(&d);
+    Some(heal.clone())
 }
 
 #[test]
 fn a_killed_node_under_ddp_heals_from_live_replicas_with_no_checkpoint_read() {
-    kill_and_heal("ddp", "1", &[], None);
+    kill_and_heal(("ddp", &[]), "1", &[], None);
 }
 
 #[test]
@@ -163,7 +173,7 @@ fn a_killed_node_under_ddp_heals_from_live_replicas_with_no_checkpoint_read() {
 )]
 fn under_hybrid_a_survivor_whose_state_differs_receives_a_replicas_state_checked_by_digest() {
     kill_and_heal(
-        "hybrid",
+        ("hybrid", &[]),
         "2",
         &[("WIRETRAIN_TEST_HEAL_DIVERGE", "1")],
         Some(true),
@@ -172,5 +182,31 @@ fn under_hybrid_a_survivor_whose_state_differs_receives_a_replicas_state_checked
 
 #[test]
 fn under_hsdp_the_survivors_heal_their_shards_from_live_replicas() {
-    kill_and_heal("hsdp", "2", &[], None);
+    kill_and_heal(("hsdp", &[]), "2", &[], None);
+}
+
+/// DiLoCo (4 inner steps a round, 2 ranks per node sharding inside it): the survivors keep
+/// their own inner states and agree on the outer state; the 2-node resume takes nodes 0 and
+/// 1's inner states from the checkpoint.
+#[test]
+fn under_diloco_the_survivors_go_on_with_their_inner_states_and_the_outer_state() {
+    let f = [&DILOCO[..], &["--inner-strategy", "hybrid"]].concat();
+    kill_and_heal(("diloco", &f), "2", &[], None);
+}
+
+const DILOCO: [&str; 4] = ["--inner-steps", "4", "--outer-momentum", "0.5"];
+
+/// Node 2 dies at the start of step 23, the last inner step of round 6: the survivors'
+/// outer step fails (nobody completed it), and the healed world runs it before going on.
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
+fn under_diloco_the_outer_step_a_death_cut_off_runs_on_the_healed_world() {
+    let envs = [("WIRETRAIN_TEST_DIE_AT", "2:23")];
+    let heal = kill_and_heal(("diloco", &DILOCO), "1", &envs, Some(false)).unwrap();
+    assert_eq!(heal["failed_step"], 23, "{heal}");
+    assert_eq!(heal["went_on_from"], 24, "{heal}");
+    assert_eq!(heal["outer_step_ran"], true, "{heal}");
 }

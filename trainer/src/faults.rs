@@ -28,6 +28,10 @@ pub struct Faults {
     /// the other replicas' when they heal (their parameters nudged), so the heal must send
     /// them a replica's state.
     pub heal_diverge: Option<usize>,
+    /// (node, step): the process of this node kills itself with SIGKILL at the start of the
+    /// step, as `kill -9` would (a death at a chosen point of the run, e.g. just before a
+    /// DiLoCo round's outer step).
+    pub die_at: Option<(usize, usize)>,
 }
 
 /// Stall the checkpoint of `from_step` and later ones, on every rank or only on `rank`.
@@ -137,6 +141,11 @@ impl Faults {
             stall_prune: test("WIRETRAIN_TEST_STALL_PRUNE").and_then(|v| ms(&v)),
             // node
             heal_diverge: test("WIRETRAIN_TEST_HEAL_DIVERGE").and_then(|v| v.parse().ok()),
+            // node:step
+            die_at: test("WIRETRAIN_TEST_DIE_AT").and_then(|v| {
+                let (n, s) = v.split_once(':')?;
+                Some((n.parse().ok()?, s.parse().ok()?))
+            }),
             // rank:factor
             slowdown: var("WIRETRAIN_DEBUG_SLOWDOWN").and_then(|v| {
                 let (r, f) = v.split_once(':')?;
@@ -175,6 +184,7 @@ mod tests {
             ("WIRETRAIN_TEST_SLOW_RANK", "2:30"),
             ("WIRETRAIN_TEST_STALL_PRUNE", "300"),
             ("WIRETRAIN_TEST_HEAL_DIVERGE", "1"),
+            ("WIRETRAIN_TEST_DIE_AT", "2:11"),
             ("WIRETRAIN_DEBUG_SLOWDOWN", "1:3"),
         ]);
         // The documented demo knob works in every build; the test faults only with test-hooks.
@@ -189,6 +199,7 @@ mod tests {
             assert_eq!(f.rank_delay(2), Some(Duration::from_millis(30)));
             assert_eq!(f.stall_prune, Some(Duration::from_millis(300)));
             assert_eq!(f.heal_diverge, Some(1));
+            assert_eq!(f.die_at, Some((2, 11)));
         } else {
             assert_eq!(
                 f,
@@ -202,6 +213,7 @@ mod tests {
         let bad = env(&[
             ("WIRETRAIN_TEST_STALL_CHECKPOINT", "5:x"),
             ("WIRETRAIN_DEBUG_SLOWDOWN", "1:0.5"),
+            ("WIRETRAIN_TEST_DIE_AT", "2"),
         ]);
         assert_eq!(bad, Faults::default());
     }

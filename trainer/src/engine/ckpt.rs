@@ -11,9 +11,10 @@
 //!
 //! DiLoCo: every node writes its node's inner state (its first rank under DDP inside the
 //! node, its owning ranks when sharded inside it); node 0's is the ordinary file set, so any
-//! strategy can resume node 0's model; rank 0 adds the outer state (the round's anchor and the outer momentum). A DiLoCo run resumes each node's own
-//! inner state and so needs the same number of nodes; from a checkpoint without DiLoCo state
-//! it starts a new round at the loaded parameters.
+//! strategy can resume node 0's model; rank 0 adds the outer state (the round's anchor and
+//! the outer momentum). A DiLoCo run resumes each node's own inner state (on fewer nodes,
+//! those past the last are dropped; on more, the new ones copy node 0's); from a checkpoint
+//! without DiLoCo state it starts a new round at the loaded parameters.
 
 use super::{OtherRank, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;

@@ -4,7 +4,8 @@
 //! digest are gathered; where ranks holding the same replica differ, the rank with the most
 //! steps sends its state (parameters, f32 master, optimizer tensors and scalars) over the
 //! new epoch's links, and every receiver checks the SHA-256 digest of what it got against
-//! the sender's. Nothing is read from a checkpoint.
+//! the sender's. Nothing is read from a checkpoint. DiLoCo's nodes hold inner states of
+//! their own: only the outer state must agree ([`diloco`]).
 
 use super::Trainer;
 use crate::checkpoint::ScalarValue;
@@ -15,6 +16,8 @@ use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use wiretrain_comm::ProcessGroup;
 
+mod diloco;
+
 /// What the ranks agreed on in a heal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agreed {
@@ -22,12 +25,37 @@ pub struct Agreed {
     pub steps: usize,
     /// Whether some rank received its state from another.
     pub transferred: bool,
+    /// DiLoCo: the round's outer step, which the failure cut off on every rank, ran on the
+    /// healed world.
+    pub outer_step_ran: bool,
 }
 
-/// One rank's entry in the heal's exchange: its step count and state digest.
+/// One rank's entry in the heal's exchange: its step count and state digest, and under
+/// DiLoCo its outer state's digest and counters.
 struct Entry {
     steps: usize,
     digest: [u8; 32],
+    outer: [u8; 32],
+    rounds: usize,
+    inner_done: usize,
+}
+
+/// An entry's bytes: steps, digest, step shape, outer digest, rounds, inner steps.
+const ENTRY_LEN: usize = 8 + 32 + 8 + 32 + 8 + 8;
+/// Where the step shape sits in an entry.
+const SHAPE: std::ops::Range<usize> = 40..48;
+
+impl Entry {
+    fn parse(b: &[u8]) -> Option<Self> {
+        let u = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().expect("8")) as usize;
+        (b.len() == ENTRY_LEN).then(|| Entry {
+            steps: u(0),
+            digest: b[8..40].try_into().expect("32"),
+            outer: b[48..80].try_into().expect("32"),
+            rounds: u(80),
+            inner_done: u(88),
+        })
+    }
 }
 
 /// Optimizer state tensors a state may hold at most (AdamW has two).
@@ -36,12 +64,10 @@ const MAX_STATE_TENSORS: usize = 16;
 impl<M: Module> Trainer<M> {
     /// Why this trainer cannot go on from live replicas after losing a node (`None`: it
     /// can). DDP, hybrid and HSDP hold every element of their state on more than one node;
-    /// ZeRO-1/2/3 and DiLoCo restart from the newest checkpoint.
+    /// DiLoCo's nodes go on with their own inner states and agree on the outer state;
+    /// ZeRO-1/2/3 restart from the newest checkpoint.
     pub fn heal_unsupported(&self) -> Option<String> {
         let s = self.cfg.strategy;
-        if self.sync.outer().is_some() {
-            return Some("DiLoCo's inner state is not healed from replicas".into());
-        }
         if s.stage() != Stage::Replicated && s.scope() == Scope::World {
             return Some(format!(
                 "{s} shards its state over every rank: a lost node's shards exist nowhere else"
@@ -123,27 +149,34 @@ impl<M: Module> Trainer<M> {
         let mut mine = (steps as u64).to_le_bytes().to_vec();
         mine.extend_from_slice(&digest);
         mine.extend_from_slice(&self.step_shape());
+        let outer = self.sync.outer();
+        mine.extend_from_slice(&outer.map_or([0; 32], |o| o.digest()));
+        for n in [
+            outer.map_or(0, |o| o.rounds),
+            outer.map_or(0, |o| o.inner_done),
+        ] {
+            mine.extend_from_slice(&(n as u64).to_le_bytes());
+        }
         let all = self.pg.all_gather_bytes(&mine)?;
         let entries: Vec<Entry> = all
             .iter()
             .enumerate()
             .map(|(r, b)| {
-                (b.len() == 48)
-                    .then(|| Entry {
-                        steps: u64::from_le_bytes(b[..8].try_into().expect("8")) as usize,
-                        digest: b[8..40].try_into().expect("32"),
-                    })
+                Entry::parse(b)
                     .ok_or_else(|| heal_err(format!("rank {r} sent a malformed state entry")))
             })
             .collect::<Result<_, _>>()?;
         // Every rank must step alike: the same strategy, buckets and overlap (a newcomer
         // resolves `--overlap auto` from its own world, which may differ from the others').
-        if let Some(r) = all.iter().position(|b| b[40..] != all[0][40..]) {
+        if let Some(r) = all.iter().position(|b| b[SHAPE] != all[0][SHAPE]) {
             return Err(heal_err(format!(
                 "rank {r} would step differently from rank 0 (another strategy, buckets or \
                  overlap; e.g. `--overlap auto` resolved on another world size): set --overlap \
                  on or off for elastic launches"
             )));
+        }
+        if self.sync.outer().is_some() {
+            return self.agree_diloco(&entries, &exported);
         }
         // Under DDP every rank holds the whole state: one replica group. Under hybrid each
         // local rank's shard is replicated on the other nodes: a group per local rank.
@@ -191,6 +224,7 @@ impl<M: Module> Trainer<M> {
         Ok(Agreed {
             steps: agreed,
             transferred,
+            outer_step_ran: false,
         })
     }
 

@@ -136,7 +136,7 @@ pub(super) fn heal<M: Module>(
     *pace = Pace::new(trainer, run);
     let lost = (cut.step + 1).saturating_sub(agreed.steps);
     let healed = unix_ms();
-    let event = serde_json::json!({
+    let mut event = serde_json::json!({
         "epoch": rj.elastic.epoch,
         "world": world,
         "nodes": nodes,
@@ -148,6 +148,9 @@ pub(super) fn heal<M: Module>(
         "healed_unix_ms": healed,
         "reason": reason,
     });
+    if trainer.config().diloco().is_some() {
+        event["outer_step_ran"] = agreed.outer_step_ran.into();
+    }
     crate::trace::heal_marker(
         rank,
         node,

@@ -9,6 +9,7 @@ use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
 use burn::optim::GradientsParams;
 use serde::Serialize;
+use sha2::{Digest, Sha256};
 use std::ops::Range;
 use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, Work};
 
@@ -55,6 +56,23 @@ pub(crate) struct OuterState {
     pub anchor: Vec<f32>,
     pub momentum: Vec<f32>,
     pub inner_done: usize,
+    /// Outer steps applied: `inner_done / inner_steps`, or one fewer while the round's outer
+    /// step is pending (a failure cut it off; a heal runs it).
+    pub rounds: usize,
+}
+
+impl OuterState {
+    /// SHA-256 over the anchor, the momentum and both counters (what a heal compares).
+    pub fn digest(&self) -> [u8; 32] {
+        let mut h = Sha256::new();
+        for v in [&self.anchor, &self.momentum] {
+            h.update((v.len() as u64).to_le_bytes());
+            h.update(bytemuck::cast_slice::<f32, u8>(v));
+        }
+        h.update((self.inner_done as u64).to_le_bytes());
+        h.update((self.rounds as u64).to_le_bytes());
+        h.finalize().into()
+    }
 }
 
 /// The wrapper: `inner` runs every step, the outer step every `cfg.inner_steps`.
@@ -74,23 +92,29 @@ impl DilocoSync {
                 anchor: params.to_vec(),
                 momentum: vec![0.0; params.len()],
                 inner_done: 0,
+                rounds: 0,
             },
         }
     }
 
     /// Counts an inner step and, at the end of a round, runs the outer step.
     fn outer_step(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
-        let held = &mut *cx.held;
-        let outer = &mut self.outer;
-        outer.inner_done += 1;
-        if !outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
+        self.outer.inner_done += 1;
+        if !self.outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
             return Ok(());
         }
+        self.apply_outer(cx)
+    }
+
+    /// The outer step that ends the round `inner_done` closes: the mean of the nodes'
+    /// deltas from the anchor, the Nesterov update, and every node restarting at the anchor.
+    fn apply_outer(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
         let _s = cx.clock.enter(Phase::Comm, "outer step");
+        let outer = &mut self.outer;
         let delta: Vec<f32> = outer
             .anchor
             .iter()
-            .zip(&held.params)
+            .zip(&cx.held.params)
             .map(|(a, p)| a - p)
             .collect();
         let delta = cx
@@ -103,24 +127,30 @@ impl DilocoSync {
             .anchor
             .iter_mut()
             .zip(outer.momentum.iter_mut())
-            .zip(held.params.iter_mut())
+            .zip(cx.held.params.iter_mut())
             .zip(&delta)
         {
             *m = mu * *m + g;
             *a -= lr * (g + mu * *m);
             *p = *a;
         }
-        // The optimizer's master (the whole vector when replicated, the owned pieces when
-        // sharded inside the node) follows; the fused optimizer keeps its own copy on the
-        // device.
-        let master = if held.master.is_empty() {
-            &held.params
-        } else {
-            held.master = held.owned_of(&held.params);
-            &held.master
-        };
-        Ok(cx.opt.set_master(master)?)
+        outer.rounds = outer.inner_done / self.cfg.inner_steps;
+        follow_params(cx)
     }
+}
+
+/// The optimizer's master (the whole vector when replicated, the owned pieces when sharded
+/// inside the node) follows `held.params`; the fused optimizer keeps its own copy on the
+/// device.
+fn follow_params(cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
+    let held = &mut *cx.held;
+    let master = if held.master.is_empty() {
+        &held.params
+    } else {
+        held.master = held.owned_of(&held.params);
+        &held.master
+    };
+    Ok(cx.opt.set_master(master)?)
 }
 
 impl GradSync for DilocoSync {
@@ -160,5 +190,18 @@ impl GradSync for DilocoSync {
 
     fn outer_mut(&mut self) -> Option<&mut OuterState> {
         Some(&mut self.outer)
+    }
+
+    fn heal_round(&mut self, cx: &mut SyncCx<'_>, to_anchor: bool) -> Result<bool, TrainError> {
+        if to_anchor {
+            cx.held.params.clone_from(&self.outer.anchor);
+            follow_params(cx)?;
+        }
+        let (done, h) = (self.outer.inner_done, self.cfg.inner_steps);
+        if done.is_multiple_of(h) && self.outer.rounds < done / h {
+            self.apply_outer(cx)?;
+            return Ok(true);
+        }
+        Ok(false)
     }
 }

@@ -103,6 +103,14 @@ pub(crate) trait GradSync: Send {
     fn outer_mut(&mut self) -> Option<&mut super::diloco::OuterState> {
         None
     }
+
+    /// DiLoCo, after a heal agreed on the outer state: with `to_anchor` (this rank's outer
+    /// step was cut off and another rank's completed) the parameters become the anchor, as
+    /// the step would have left them; then, when no rank completed the round's outer step,
+    /// it runs now (a collective of the healed world). Returns whether it ran.
+    fn heal_round(&mut self, _cx: &mut SyncCx<'_>, _to_anchor: bool) -> Result<bool, TrainError> {
+        Ok(false)
+    }
 }
 
 /// The sync of `strategy`, wrapped in DiLoCo when `diloco` is set (then `params` is where its

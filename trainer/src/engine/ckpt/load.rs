@@ -210,20 +210,26 @@ impl<M: Module> Trainer<M> {
             o.momentum = vec![0.0; params.len()];
             o.anchor = params;
             o.inner_done = 0;
+            o.rounds = 0;
             return Ok(());
         };
-        if m.ranks_per_node.len() != nodes {
-            return Err(CheckpointError::Mismatch {
-                path: ck.dir.clone(),
-                reason: format!(
-                    "it holds the DiLoCo inner state of {} nodes and this run has {nodes}; \
-                     each node resumes its own inner state, so resume on {} nodes (any other \
-                     strategy can resume node 0's model from it)",
-                    m.ranks_per_node.len(),
-                    m.ranks_per_node.len()
-                ),
-            }
-            .into());
+        // Each node resumes its own inner state. On fewer nodes, the inner progress of the
+        // nodes past the last since the round's anchor is dropped (as when they are lost);
+        // on more, the new nodes start as copies of node 0 (as a node joining in place does).
+        let saved = m.ranks_per_node.len();
+        if saved != nodes && self.pg.rank() == 0 {
+            let what = if saved > nodes {
+                format!(
+                    "the inner steps of node(s) {nodes}..{saved} since the round's anchor are \
+                     dropped"
+                )
+            } else {
+                format!("node(s) {saved}..{nodes} start from node 0's inner state")
+            };
+            tracing::warn!(
+                "{}: DiLoCo state of {saved} node(s) resumed on {nodes}: {what}",
+                ck.dir.display()
+            );
         }
         if outer.anchor.len() != self.held.params.len() {
             return Err(CheckpointError::Mismatch {
@@ -233,7 +239,7 @@ impl<M: Module> Trainer<M> {
             .into());
         }
         let node = self.pg.node();
-        if node > 0 {
+        if node > 0 && node < saved {
             // This node's whole inner state; this rank keeps the state of what it owns.
             let all: Vec<_> = std::iter::once(0..self.layout.total()).collect();
             let whole = ck.read_node(node, &all)?;
@@ -254,10 +260,13 @@ impl<M: Module> Trainer<M> {
             self.held.params = whole.params;
             self.reset_master();
         }
+        let rounds = outer.inner_done / self.cfg.diloco().map_or(1, |d| d.inner_steps);
         let o = self.sync.outer_mut().expect("diloco state");
         o.anchor = outer.anchor;
         o.momentum = outer.momentum;
         o.inner_done = outer.inner_done;
+        // A checkpoint is written after a whole step: its round's outer step ran.
+        o.rounds = rounds;
         Ok(())
     }
 }

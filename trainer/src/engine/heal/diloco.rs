@@ -1,0 +1,138 @@
+//! Healing DiLoCo from live nodes. Within a round each node trains apart, so its inner state
+//! (parameters and inner optimizer) is its own and stays where it is: the lost node's inner
+//! steps since the anchor are gone, as in DiLoCo's own model of a dropped worker. What must
+//! agree is the outer state (anchor, momentum and counters): the rank that got furthest (the
+//! most outer steps, then the most inner steps) sends it where it differs, checked by its
+//! SHA-256 digest. A rank whose outer step the failure cut off while another's completed
+//! restarts the round at the anchor, as the step would have left it; when no rank completed
+//! it, the healed world runs it. A node that joins holds no inner state: it takes node 0's
+//! (each local rank its counterpart's), as a checkpoint resumed on more nodes does.
+
+use super::{Agreed, Entry};
+use crate::clock::StepClock;
+use crate::engine::{TrainError, Trainer};
+use crate::optim::ExportedState;
+use crate::strategy::diloco::OuterState;
+use burn::module::Module;
+
+impl<M: Module> Trainer<M> {
+    /// [`Trainer::agree_state`] under DiLoCo, from every rank's `entries`; `exported` is this
+    /// rank's inner optimizer state.
+    pub(super) fn agree_diloco(
+        &mut self,
+        entries: &[Entry],
+        exported: &ExportedState,
+    ) -> Result<Agreed, TrainError> {
+        let heal_err = |m: String| TrainError::Heal(m);
+        let n = entries.len();
+        let agreed = entries.iter().map(|e| e.steps).max().unwrap_or(0);
+        // A rank with no step while others have some joined: it holds no inner state.
+        let fresh = |r: usize| entries[r].steps == 0 && agreed > 0;
+        // Inner steps cross no node, so live nodes stop at most one step apart (one may have
+        // seen the loss all-reduce of a step complete that another saw fail).
+        if let Some(r) = (0..n).find(|&r| !fresh(r) && entries[r].steps + 1 < agreed) {
+            return Err(heal_err(format!(
+                "rank {r} stopped at step {} and another at {agreed}: DiLoCo's nodes must be \
+                 within one inner step of each other",
+                entries[r].steps
+            )));
+        }
+        let src = (0..n)
+            .max_by_key(|&r| (entries[r].rounds, entries[r].inner_done, usize::MAX - r))
+            .ok_or_else(|| heal_err("a world of no ranks".into()))?;
+        let want = &entries[src];
+        let me = self.pg.rank();
+        let behind = !fresh(me) && entries[me].rounds < want.rounds;
+        let mut transferred = false;
+        if entries.iter().any(|e| e.outer != want.outer) {
+            transferred = true;
+            self.receive_outer(src, want)?;
+        }
+        // Joining ranks: the inner state of node 0's rank with the same local rank.
+        let table = self.pg.table().clone();
+        let local: Vec<usize> = (0..n).map(|r| table.locate(r).1).collect();
+        let on_node0 = |g: usize| (0..n).find(|&r| table.locate(r) == (0, g));
+        for g in 0..local.iter().max().map_or(0, |m| m + 1) {
+            if !(0..n).any(|r| local[r] == g && fresh(r)) {
+                continue;
+            }
+            let from = on_node0(g).filter(|&r| !fresh(r)).ok_or_else(|| {
+                heal_err(format!(
+                    "local rank {g} joined and node 0 holds no inner state for it (node 0 \
+                         has {} ranks, all of the job's first steps)",
+                    table.nodes()[0].devices.len()
+                ))
+            })?;
+            transferred = true;
+            self.receive_state(from, local[me] == g && fresh(me), exported, &entries[from])?;
+        }
+        let clock = StepClock::since(std::time::Instant::now());
+        let (mut cx, sync) = self.sync_cx(&clock);
+        let outer_step_ran = sync.heal_round(&mut cx, behind)?;
+        if outer_step_ran {
+            tracing::info!(
+                step = agreed,
+                "the outer step the failure cut off ran on the healed world"
+            );
+        }
+        self.finish_load()?;
+        Ok(Agreed {
+            steps: agreed,
+            transferred,
+            outer_step_ran,
+        })
+    }
+
+    /// The transfer of rank `src`'s outer state (a collective of the whole world); ranks
+    /// whose own differs keep it, checked against `want`'s digest.
+    fn receive_outer(&mut self, src: usize, want: &Entry) -> Result<(), TrainError> {
+        let heal_err = |m: String| TrainError::Heal(m);
+        let total = self.layout.total();
+        let own = self.sync.outer().cloned().unwrap_or_default();
+        let header = serde_json::to_vec(&(
+            own.inner_done,
+            own.rounds,
+            own.anchor.len(),
+            own.momentum.len(),
+        ))
+        .map_err(|e| heal_err(e.to_string()))?;
+        let header = self.pg.broadcast_bytes(&header, src)?;
+        let (inner_done, rounds, n_anchor, n_momentum): (usize, usize, usize, usize) =
+            serde_json::from_slice(&header)
+                .map_err(|e| heal_err(format!("rank {src}'s outer state header: {e}")))?;
+        if n_anchor != total || n_momentum != total {
+            return Err(heal_err(format!(
+                "rank {src}'s outer state holds {n_anchor} and {n_momentum} elements; the model \
+                 has {total}"
+            )));
+        }
+        let buf = |v: &[f32]| {
+            if v.len() == total {
+                v.to_vec()
+            } else {
+                vec![0.0; total]
+            }
+        };
+        let anchor = self.pg.broadcast(buf(&own.anchor), src).wait()?;
+        let momentum = self.pg.broadcast(buf(&own.momentum), src).wait()?;
+        if self.pg.rank() == src || own.digest() == want.outer {
+            return Ok(());
+        }
+        let got = OuterState {
+            anchor,
+            momentum,
+            inner_done,
+            rounds,
+        };
+        if got.digest() != want.outer {
+            return Err(heal_err(format!(
+                "the outer state received from rank {src} does not match its SHA-256 digest: \
+                 the transfer was corrupted"
+            )));
+        }
+        if let Some(o) = self.sync.outer_mut() {
+            *o = got;
+        }
+        Ok(())
+    }
+}
