@@ -13,9 +13,11 @@
 //! rank (16),
 //! `--out DIR` (Burn's logs of rank 0: `DIR/train/epoch-N/Loss.log`), `--checkpoints`
 //! (Burn's checkpointer on rank 0), `--sharded DIR` (wiretrain's sharded checkpoint every
-//! epoch; `--resume` continues from it, on any world size), `--device SPEC`, and `--reference W`: one process, Burn's
-//! own single-device training on the global batches of a W-rank run (batch W·B), for
-//! comparing losses step by step.
+//! epoch; `--resume` continues from it, on any world size), `--device SPEC`, and
+//! `--reference W`: one process, Burn's own single-device training on the global batches of
+//! a W-rank run (batch W·B), for comparing losses step by step. In an elastic launch
+//! (`launch --local N --nnodes MIN:N --max-restarts R`) a lost node's survivors heal in place
+//! under ddp, hybrid and hsdp; other strategies restart from `--sharded DIR --resume`.
 
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;
@@ -288,6 +290,9 @@ fn trainer_config(args: &[String]) -> Result<(TrainerConfig, bool), Failure> {
             eps: 1e-8,
             weight_decay: 0.01,
         })
+        // The test suite's injected faults (read only when wiretrain is built with its
+        // `test-hooks` feature; nothing otherwise).
+        .faults(wiretrain::faults::Faults::from_env())
         .build()
         .map_err(|e| bad(format!("--strategy {strategy}: {e}")))?;
     // As a whole module (any Burn module), or unit by unit (zero3, hsdp). A strategy the
@@ -306,7 +311,8 @@ fn train_rank(ctx: RankContext, setup: &Setup) -> Result<bool, String> {
     let train = DataLoaderBuilder::new(Spirals)
         .batch_size(setup.batch)
         .build(InMemDataset::new(spirals(TRAIN, 0)));
-    let strategy = strategy_for(ctx.pg, &device, setup, ctx.stop.clone())?;
+    let heal = ctx.heal.clone();
+    let strategy = strategy_for(ctx.pg, &device, setup, (ctx.stop.clone(), heal))?;
     // Rank 0 renders and logs; the others stay silent and write nothing.
     let dir = if rank == 0 {
         setup.out.clone()
@@ -376,18 +382,25 @@ fn reference(
 }
 
 /// Burn-train's strategy for this rank: wiretrain's, on the whole module or unit by unit,
-/// with the job's stop flag and, when asked, sharded checkpoints.
+/// with the job's stop flag, healing in an elastic launch that heals and, when asked, sharded
+/// checkpoints.
 fn strategy_for(
     pg: wiretrain::comm::ProcessGroup,
     device: &Device,
     setup: &Setup,
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    (stop, heal): (
+        Arc<std::sync::atomic::AtomicBool>,
+        Option<Arc<wiretrain::heal::Healer>>,
+    ),
 ) -> Result<TrainingStrategy<Net>, String> {
     let (device, cfg) = (device.clone(), setup.cfg.clone());
     // The two kinds of strategy take the same settings.
     macro_rules! configured {
         ($strategy:expr) => {{
-            let mut s = $strategy.map_err(|e| e.to_string())?.with_stop_flag(stop);
+            let mut s = $strategy
+                .map_err(|e| e.to_string())?
+                .with_stop_flag(stop)
+                .with_heal(heal);
             if let Some((d, resume)) = &setup.sharded {
                 s = s.sharded_checkpoints(d, 2, *resume);
             }

@@ -157,3 +157,72 @@ fn ctrl_c_stops_every_learner_rank_after_the_same_step() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// An elastic launch of the Learner example (3 nodes of 1 rank, DDP, `--nnodes 2:3`): node 2
+/// dies as by `kill -9` at the start of step 140 (the 13th of epoch 5: WIRETRAIN_TEST_DIE_AT)
+/// and the two others heal in place, through `WiretrainStrategy::with_heal`: no restart, the
+/// rest of epoch 5 on their own shares (the step cut off lost), every later epoch shared over
+/// 2 ranks; the last epoch's losses equal those of a 2-node run resumed from the healed run's
+/// sharded checkpoint before it.
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
+fn a_lost_node_under_the_learner_heals_from_live_replicas() {
+    let d = dir("heal");
+    let (ex, o, ck) = (common::example("learner"), d.join("out"), d.join("ck"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (exs, os, cks) = (s(&ex), s(&o), s(&ck));
+    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
+    args.extend(["--max-restarts", "1", "--", &exs, "--strategy", "ddp"]);
+    args.extend(["--epochs", "30", "--batch", "16", "--device", "cpu"]);
+    args.extend(["--sharded", &cks, "--resume", "--out", &os]);
+    // Burn's renderer writes much to stdout: it goes nowhere, stderr is read at the end.
+    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_DIE_AT", "2:140")]);
+    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
+    let err = common::stderr_of(&mut child);
+    assert!(st.success(), "{err}");
+    assert!(
+        err.contains("elastic heal 1 of 1")
+            && err.contains("going on from step 140 with no checkpoint read (1 step(s) lost"),
+        "{err}"
+    );
+    assert!(!err.contains("elastic restart"), "no restart: {err}");
+    // 1536 items: 32 steps an epoch on 3 ranks of batch 16, 48 on 2; epoch 5 ends on the
+    // survivors' shares without the step cut off.
+    let counts: Vec<usize> = (1..=30).map(|e| epoch_losses(&o, e).len()).collect();
+    let mut want = vec![32; 4];
+    want.push(31);
+    want.extend([48; 25]);
+    assert_eq!(counts, want);
+
+    // The reference: 2 nodes resume from epoch 29's checkpoint and train epoch 30.
+    let (ck2, o2) = (d.join("ck-reference"), d.join("out-reference"));
+    std::fs::create_dir_all(&ck2).unwrap();
+    let name = "step-00000029";
+    let cp = std::process::Command::new("cp")
+        .args(["-r", &s(&ck.join(name)), &s(&ck2.join(name))])
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let (ck2s, o2s) = (s(&ck2), s(&o2));
+    let mut a = common::local("2", "1", &[&exs, "--strategy", "ddp", "--epochs", "30"]);
+    a.extend([
+        "--batch",
+        "16",
+        "--device",
+        "cpu",
+        "--sharded",
+        &ck2s,
+        "--resume",
+    ]);
+    a.extend(["--out", &o2s]);
+    let run = common::run(&a, &[], Duration::from_secs(300));
+    assert!(run.status.success(), "{}", common::text(&run));
+    let (got, want) = (epoch_losses(&o, 30), epoch_losses(&o2, 30));
+    assert_eq!(got.len(), want.len());
+    let worst = common::worst_rel(&got, &want, 1e-3);
+    assert!(worst <= 1e-5, "healed {got:?}\nvs resumed {want:?}");
+    let _ = std::fs::remove_dir_all(&d);
+}

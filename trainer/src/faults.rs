@@ -159,6 +159,17 @@ impl Faults {
     }
 }
 
+/// The `die_at` test fault: this process ends as `kill -9` would end it.
+pub(crate) fn die() {
+    tracing::warn!("test fault: this node's process kills itself");
+    #[cfg(unix)]
+    // SAFETY: kill(2) on this process's own pid has no memory effects.
+    unsafe {
+        libc::kill(libc::getpid(), libc::SIGKILL);
+    }
+    std::process::abort();
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

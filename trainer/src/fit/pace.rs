@@ -49,7 +49,7 @@ impl Pace {
         step_fn: &mut impl FnMut(&mut Trainer<M>, &[usize]) -> Result<StepReport, TrainError>,
     ) -> Result<StepReport, FitError> {
         if self.faults.die_at == Some((self.node, step)) {
-            die();
+            crate::faults::die();
         }
         if let Some(extra) = self.faults.step_delay(self.node, step) {
             std::thread::sleep(extra);
@@ -94,15 +94,4 @@ impl Pace {
         }
         Ok(rep)
     }
-}
-
-/// The `die_at` test fault: this process ends as `kill -9` would end it.
-fn die() {
-    tracing::warn!("test fault: this node's process kills itself");
-    #[cfg(unix)]
-    // SAFETY: kill(2) on this process's own pid has no memory effects.
-    unsafe {
-        libc::kill(libc::getpid(), libc::SIGKILL);
-    }
-    std::process::abort();
 }

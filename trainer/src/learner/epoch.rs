@@ -2,9 +2,11 @@
 //! the rank's share of the data, wiretrain steps, validation and checkpoints on rank 0,
 //! sharded checkpoints on every rank, and stops that every rank follows.
 
+use super::heal::{Phase, Spot, healed};
 use super::plan::Plan;
 use super::{GlobalLoss, WiretrainStrategy, failure};
-use crate::engine::Trainer;
+use crate::engine::{TrainError, Trainer};
+use crate::heal::Healer;
 use burn::data::dataloader::DataLoader;
 use burn::tensor::Tensor;
 use burn_train::metric::store::EventStoreClient;
@@ -40,24 +42,26 @@ where
             return (learner.model(), events);
         }
     };
-    let (rank, world) = (pg.rank(), pg.world());
+    let rank = pg.rank();
     learner.fork(&s.device);
-    let per = train.num_items() / world;
-    let train = train
-        .slice(rank * per, rank * per + per)
-        .to_device(&s.device);
     let valid = (rank == 0).then(|| valid.to_device(&s.device.clone().inner()));
-    let aborter = pg.aborter();
-    let fail = |msg: String| {
-        aborter.abort(&msg);
-        interrupter.fail(failure(rank, msg));
+    if let Some(h) = &s.heal {
+        // A node cannot join a Learner run in place (it would not know the epoch's data):
+        // the launcher grows the world at a restart from the checkpoint.
+        h.capable(false);
+    }
+    let fail = |pg: &ProcessGroup, msg: String| {
+        pg.aborter().abort(&msg);
+        interrupter.fail(failure(pg.rank(), msg));
     };
     let stop = Arc::new(AtomicBool::new(false));
     let model = learner.model();
+    let aborter = pg.aborter();
     let (trainer, epoch0) = match start(plan, model, s, pg, &stop, starting_epoch) {
         Ok(t) => t,
         Err(msg) => {
-            fail(msg);
+            aborter.abort(&msg);
+            interrupter.fail(failure(rank, msg));
             return (learner.model(), events);
         }
     };
@@ -68,6 +72,8 @@ where
         events,
         interrupter: &interrupter,
         stop: (&stop, s.stop.as_deref()),
+        heal: s.heal.as_deref(),
+        steps: 0,
     };
     let end = EpochEnd {
         valid: valid.as_deref(),
@@ -76,14 +82,14 @@ where
         early: if rank == 0 { tc.early_stopping } else { None },
         store: &tc.event_store,
     };
-    if let Err(msg) = run.epochs(epoch0..=tc.num_epochs, &*train, end) {
-        fail(msg);
+    if let Err(msg) = run.epochs(epoch0..=tc.num_epochs, (&train, &s.device), end) {
+        fail(run.trainer.process_group(), msg);
     }
     let template = run.learner.model();
     match (plan.full)(&mut run.trainer, template) {
         Ok(m) => (m, run.events),
         Err(e) => {
-            fail(e.to_string());
+            fail(run.trainer.process_group(), e.to_string());
             (run.learner.model(), run.events)
         }
     }
@@ -110,22 +116,32 @@ struct Run<'a, M: LearnerModel> {
     interrupter: &'a Interrupter,
     /// The trainer's stop flag, and the user's (see `WiretrainStrategy::with_stop_flag`).
     stop: (&'a AtomicBool, Option<&'a AtomicBool>),
+    /// How this node heals after losing a peer (see `WiretrainStrategy::with_heal`).
+    heal: Option<&'a Healer>,
+    /// Optimizer steps the trainer's state holds since this fit began (what a heal agrees).
+    steps: usize,
 }
 
 impl<M: LearnerModel> Run<'_, M>
 where
     <M as TrainStep>::Output: GlobalLoss,
 {
-    /// Every epoch of `epochs` over this rank's share `train`, until the last, a stop, or an
-    /// error (returned).
+    /// Every epoch of `epochs` over this rank's share of `train` (on `device`), until the
+    /// last, a stop, or an error (returned). Each epoch is shared over the world it starts
+    /// in: equal, disjoint, contiguous shares (rank r of W gets items [r·n/W, (r+1)·n/W)).
     fn epochs(
         &mut self,
         epochs: std::ops::RangeInclusive<usize>,
-        train: &dyn DataLoader<<M as TrainStep>::Input>,
+        (train, device): (&TrainLoader<M>, &burn::tensor::Device),
         mut end: EpochEnd<'_, M>,
     ) -> Result<(), String> {
         for epoch in epochs {
-            self.train_epoch(train, epoch)?;
+            let pg = self.trainer.process_group();
+            let per = train.num_items() / pg.world();
+            let share = train
+                .slice(pg.rank() * per, pg.rank() * per + per)
+                .to_device(device);
+            self.train_epoch(&*share, epoch)?;
             if self.interrupter.should_stop() {
                 return Ok(());
             }
@@ -135,7 +151,10 @@ where
                 .early
                 .as_mut()
                 .is_some_and(|e| e.should_stop(epoch, end.store));
-            if all_follow(&mut self.trainer, leave)? {
+            let at = (self.heal, Spot::at(epoch, Phase::Follow));
+            if healed(&mut self.trainer, at, &mut self.steps, |t| {
+                all_follow(t, leave)
+            })? {
                 return Ok(());
             }
         }
@@ -167,8 +186,37 @@ where
             if self.interrupter.should_stop() || outer.is_some_and(|o| o.load(Ordering::Relaxed)) {
                 stop.store(true, Ordering::Relaxed);
             }
-            let (rep, item) =
-                (self.plan.step)(&mut self.trainer, batch).map_err(|e| e.to_string())?;
+            let node = self.trainer.process_group().node();
+            if self.trainer.config().faults().die_at == Some((node, self.steps)) {
+                crate::faults::die();
+            }
+            let before = self.trainer.updates();
+            let (rep, item) = match (self.plan.step)(&mut self.trainer, batch) {
+                Ok(stepped) => stepped,
+                Err(e) => match self.heal {
+                    Some(h) if super::heal::healable(&self.trainer, &e) => {
+                        let done = self.steps + usize::from(self.trainer.updates() > before);
+                        let cut = (done, self.steps + 1);
+                        let spot = Spot {
+                            epoch,
+                            phase: Phase::Step,
+                            taken: iteration,
+                        };
+                        let reason = e.to_string();
+                        let (steps, taken) =
+                            super::heal::heal(&mut self.trainer, h, &reason, cut, spot)?;
+                        self.steps = steps;
+                        // Every rank goes on after the furthest batch any had taken, with the
+                        // next batches of its own share.
+                        while iteration < taken && it.next().is_some() {
+                            iteration += 1;
+                        }
+                        continue;
+                    }
+                    _ => return Err(e.to_string()),
+                },
+            };
+            self.steps += 1;
             let device = item.local_loss().device();
             let item = item.with_loss(Tensor::from_floats([rep.loss], &device));
             let item = TrainingItem::new(item, progress, Some(iteration), Some(lr));
@@ -192,8 +240,12 @@ where
     /// (flushed when a checkpointer or early stopping reads the store), the sharded
     /// checkpoint, and burn-train's own checkpoint (rank 0).
     fn end_epoch(&mut self, epoch: usize, end: &mut EpochEnd<'_, M>) -> Result<(), String> {
-        let model =
-            (self.plan.full)(&mut self.trainer, self.learner.model()).map_err(|e| e.to_string())?;
+        let (plan, learner) = (self.plan, &self.learner);
+        let heal = self.heal;
+        let at = |phase| (heal, Spot::at(epoch, phase));
+        let model = healed(&mut self.trainer, at(Phase::Model), &mut self.steps, |t| {
+            (plan.full)(t, learner.model())
+        })?;
         if let Some(valid) = end.valid {
             valid_epoch(&model, valid, epoch, &mut self.events, self.interrupter);
         }
@@ -203,9 +255,20 @@ where
         }
         if let Some((dir, keep, _)) = end.sharded {
             let meta = serde_json::json!({ "epoch": epoch, "learner": true });
-            self.trainer
-                .save_checkpoint(dir, epoch, meta, *keep)
-                .map_err(|e| format!("checkpoint of epoch {epoch}: {e}"))?;
+            let mut again = false;
+            healed(
+                &mut self.trainer,
+                at(Phase::Checkpoint),
+                &mut self.steps,
+                |t| {
+                    // After a heal: written unless the failure came after it was complete.
+                    if std::mem::replace(&mut again, true) && written(t, dir, epoch)? {
+                        return Ok(());
+                    }
+                    t.save_checkpoint(dir, epoch, meta.clone(), *keep).map(drop)
+                },
+            )
+            .map_err(|e| format!("checkpoint of epoch {epoch}: {e}"))?;
         }
         if let Some(c) = end.checkpointer.as_mut() {
             self.learner.load_model(model.into_record());
@@ -236,12 +299,25 @@ fn start<M: LearnerModel>(
 fn all_follow<M: burn::module::Module>(
     trainer: &mut Trainer<M>,
     leave: bool,
-) -> Result<bool, String> {
+) -> Result<bool, TrainError> {
     let v = trainer
         .process_group()
         .broadcast(vec![f32::from(u8::from(leave))], 0)
-        .wait()
-        .map_err(|e| e.to_string())?;
+        .wait()?;
+    Ok(v[0] > 0.0)
+}
+
+/// Whether the checkpoint of `step` under `dir` is complete (rank 0 looks; every rank gets
+/// its answer).
+fn written<M: burn::module::Module>(
+    trainer: &mut Trainer<M>,
+    dir: &std::path::Path,
+    step: usize,
+) -> Result<bool, TrainError> {
+    let pg = trainer.process_group();
+    let path = dir.join(crate::checkpoint::step_dir_name(step));
+    let here = pg.rank() == 0 && crate::checkpoint::Checkpoint::open(&path).is_ok();
+    let v = pg.broadcast(vec![f32::from(u8::from(here))], 0).wait()?;
     Ok(v[0] > 0.0)
 }
 

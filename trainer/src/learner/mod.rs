@@ -15,8 +15,11 @@
 //! checkpointer and early stopping run on rank 0 (its decision to stop is shared); a stop on
 //! any rank's `Interrupter` (or Ctrl-C) stops every rank after the same step; wiretrain's
 //! sharded checkpoints ([`WiretrainStrategy::sharded_checkpoints`]) are written by all ranks.
+//! In an elastic launch, [`WiretrainStrategy::with_heal`] heals a step cut off by a lost node
+//! from live replicas (`heal`).
 
 mod epoch;
+mod heal;
 mod plan;
 mod silent;
 
@@ -24,6 +27,7 @@ pub use plan::{UnitLoss, UnitsStep};
 pub use silent::renderer_for;
 
 use crate::engine::TrainerConfig;
+use crate::heal::Healer;
 use crate::strategy::Strategy;
 use burn::tensor::{Device, Tensor};
 use burn_train::{
@@ -78,6 +82,7 @@ pub struct WiretrainStrategy {
     cfg: TrainerConfig,
     stop: Option<Arc<AtomicBool>>,
     sharded: Option<(PathBuf, usize, bool)>,
+    heal: Option<Arc<Healer>>,
 }
 
 impl WiretrainStrategy {
@@ -95,6 +100,7 @@ impl WiretrainStrategy {
             cfg,
             stop: None,
             sharded: None,
+            heal: None,
         })
     }
 
@@ -138,6 +144,14 @@ impl WiretrainStrategy {
     /// Also stop every rank when this flag rises (e.g. [`crate::RankContext::stop`]).
     pub fn with_stop_flag(mut self, flag: Arc<AtomicBool>) -> Self {
         self.stop = Some(flag);
+        self
+    }
+
+    /// In an elastic launch that heals ([`crate::RankContext::heal`]): a step cut off by a
+    /// lost node heals from live replicas (ddp, hybrid, hsdp) instead of failing, and the
+    /// survivors go on in the same process from the step in memory. `None` leaves it off.
+    pub fn with_heal(mut self, heal: Option<Arc<Healer>>) -> Self {
+        self.heal = heal;
         self
     }
 
@@ -196,6 +210,10 @@ impl WiretrainUnitsStrategy {
     /// See [`WiretrainStrategy::sharded_checkpoints`].
     pub fn sharded_checkpoints(self, dir: impl Into<PathBuf>, keep: usize, resume: bool) -> Self {
         Self(self.0.sharded_checkpoints(dir, keep, resume))
+    }
+    /// See [`WiretrainStrategy::with_heal`].
+    pub fn with_heal(self, heal: Option<Arc<Healer>>) -> Self {
+        Self(self.0.with_heal(heal))
     }
 }
 
