@@ -226,3 +226,34 @@ fn a_lost_node_under_the_learner_heals_from_live_replicas() {
     assert!(worst <= 1e-5, "healed {got:?}\nvs resumed {want:?}");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// The same death under zero2 (a lost node's shards exist nowhere else): the launch restarts
+/// the survivors, which resume from the sharded checkpoint of epoch 4 and run every later
+/// epoch on 2 ranks.
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
+fn a_lost_node_under_the_learner_with_zero2_restarts_from_the_sharded_checkpoint() {
+    let d = dir("restart");
+    let (ex, o, ck) = (common::example("learner"), d.join("out"), d.join("ck"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (exs, os, cks) = (s(&ex), s(&o), s(&ck));
+    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
+    args.extend(["--max-restarts", "1", "--", &exs, "--strategy", "zero2"]);
+    args.extend(["--epochs", "8", "--batch", "16", "--device", "cpu"]);
+    args.extend(["--sharded", &cks, "--resume", "--out", &os]);
+    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_DIE_AT", "2:140")]);
+    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
+    let err = common::stderr_of(&mut child);
+    assert!(st.success(), "{err}");
+    assert!(
+        err.contains("elastic restart 1 of 1: epoch 1 on 2 node(s) without [2]"),
+        "{err}"
+    );
+    assert!(!err.contains("healed from live replicas"), "{err}");
+    let counts: Vec<usize> = (5..=8).map(|e| epoch_losses(&o, e).len()).collect();
+    assert_eq!(counts, [48; 4], "epochs 5-8 on 2 ranks");
+    let _ = std::fs::remove_dir_all(&d);
+}
