@@ -4,8 +4,8 @@
 //! - across nodes, bytes flow only at outer steps (every --inner-steps steps), and the run
 //!   learns;
 //! - a checkpoint in the middle of a round resumes bit for bit (each node its own inner
-//!   state, plus the outer state); on more nodes the new ones start from node 0's inner
-//!   state (fewer nodes: tests/heal.rs); DDP resumes node 0's model from it;
+//!   state, plus the outer state); on more nodes it resumes too, and on fewer each node
+//!   keeps its own inner state (checked exactly); DDP resumes node 0's model from it;
 //! - bad settings are refused. The 20 Mbit/s lab comparison with DDP is a benchmark
 //!   (scripts/bench-diloco.sh, docs/WIRING.md).
 
@@ -245,7 +245,7 @@ fn resume_case(strategy: &str) {
     );
 
     // Another node count resumes too, saying what it does with the per-node inner states:
-    // a new node starts from node 0's.
+    // a new node starts the round at the anchor with node 0's inner optimizer state.
     let three = run_args(&diloco_args(
         "3",
         strategy,
@@ -255,7 +255,7 @@ fn resume_case(strategy: &str) {
     let t = common::text(&three);
     assert!(three.status.success(), "{t}");
     assert!(
-        t.contains("DiLoCo state of 2 node(s) resumed on 3: node(s) 2..3 start from node 0's"),
+        t.contains("DiLoCo state of 2 node(s) resumed on 3: node(s) 2..3 start the round at"),
         "{t}"
     );
 
@@ -306,4 +306,73 @@ fn sharding_inside_the_node_matches_ddp_inside_it() {
     };
     let (a, b) = (mem(&runs[0]), mem(&runs[1]));
     assert!(b < 0.6 * a, "optimizer bytes per rank: ddp {a}, hybrid {b}");
+}
+
+/// A 3-node checkpoint in the middle of a round resumed on 2 nodes: each keeps its own inner
+/// state and node 2's is dropped. Checked exactly: the resumed step runs with lr 1e-12 (the
+/// inner parameters do not move in f32) and ends the round with outer lr 1 and no momentum,
+/// so the new anchor is the mean of nodes 0 and 1's parameters in the checkpoint, and both
+/// start there.
+#[test]
+fn a_checkpoint_resumes_on_fewer_nodes_each_with_its_own_inner_state() {
+    use wiretrain::checkpoint::Checkpoint;
+    let d = common::fresh_dir("diloco-ck", "fewer");
+    let ck = d.join("ck");
+    let cks = ck.to_str().unwrap().to_string();
+    let args = |nodes: &'static str, lr: &'static str, steps: &'static str| {
+        let mut a = common::local_train(nodes, "1", &["--example", "mlp"]);
+        a.extend(["--steps", steps, "--global-batch", "24", "--lr", lr]);
+        a.extend(["--seed", "3", "--device", "cpu", "--no-progress"]);
+        a.extend(["--strategy", "diloco", "--inner-steps", "3"]);
+        a.extend([
+            "--outer-lr",
+            "1",
+            "--outer-momentum",
+            "0",
+            "--wire-dtype",
+            "f32",
+        ]);
+        a.extend(["--checkpoint-dir", &cks, "--checkpoint-every", "1"]);
+        a.into_iter().map(String::from).collect::<Vec<String>>()
+    };
+    // 8 steps on 3 nodes: step 8's checkpoint is 2 inner steps into the third round.
+    let a = run_args(
+        &args("3", "0.01", "8")
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>(),
+    );
+    assert!(a.status.success(), "{}", common::text(&a));
+    let mut r = args("2", "1e-12", "9");
+    r.push("--resume".into());
+    let b = run_args(&r.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    let t = common::text(&b);
+    assert!(b.status.success(), "{t}");
+    assert!(
+        t.contains("DiLoCo state of 3 node(s) resumed on 2: the inner steps of node(s) 2..3"),
+        "{t}"
+    );
+    let open = |s: usize| Checkpoint::open(&ck.join(format!("step-{s:08}"))).unwrap();
+    let (c8, c9) = (open(8), open(9));
+    let all = [0..c8.manifest.total];
+    let (n0, n1, n2) = (
+        c8.read_params().unwrap(),
+        c8.read_node(1, &all).unwrap().params,
+        c8.read_node(2, &all).unwrap().params,
+    );
+    let anchor = c9.read_outer().unwrap().unwrap().anchor;
+    let (mut worst, mut off) = (0.0f32, 0.0f32);
+    for i in 0..anchor.len() {
+        let want = 0.5 * (n0[i] + n1[i]);
+        worst = worst.max((anchor[i] - want).abs() / want.abs().max(1.0));
+        off = off.max((anchor[i] - 0.5 * (n0[i] + n2[i])).abs());
+    }
+    assert!(
+        worst <= 1e-6,
+        "the anchor is the mean of nodes 0 and 1: {worst}"
+    );
+    assert!(off > 1e-4, "node 2's inner state differs and is not used");
+    assert_eq!(c9.read_params().unwrap(), anchor);
+    assert_eq!(c9.read_node(1, &all).unwrap().params, anchor);
+    let _ = std::fs::remove_dir_all(&d);
 }

@@ -51,6 +51,17 @@ fn kill_and_heal(
     envs: &[(&str, &str)],
     transferred: Option<bool>,
 ) -> Option<serde_json::Value> {
+    kill_heal_inspect((strategy, flags), ranks, envs, transferred, &|_| {})
+}
+
+/// [`kill_and_heal`], then `inspect` on the run's checkpoint directory before it is removed.
+fn kill_heal_inspect(
+    (strategy, flags): (&str, &[&str]),
+    ranks: &str,
+    envs: &[(&str, &str)],
+    transferred: Option<bool>,
+    inspect: &dyn Fn(&Path),
+) -> Option<serde_json::Value> {
     let d = dir(&format!("heal-{strategy}-{}", envs.len()));
     let m = d.join("m.jsonl");
     let mut child = common::spawn(&heal_args(strategy, flags, ranks, &d), envs);
@@ -75,7 +86,7 @@ fn kill_and_heal(
         "no checkpoint is read: {err}"
     );
     assert!(
-        killed.elapsed() <= Duration::from_secs(180),
+        killed.elapsed() <= Duration::from_secs(120),
         "healed in time"
     );
 
@@ -157,6 +168,7 @@ fn kill_and_heal(
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     assert!(worst <= 1e-5, "parameters differ by {worst}");
+    inspect(&d.join("ck"));
     let _ = std::fs::remove_dir_all(&d);
     Some(heal.clone())
 }
@@ -197,7 +209,9 @@ fn under_diloco_the_survivors_go_on_with_their_inner_states_and_the_outer_state(
 const DILOCO: [&str; 4] = ["--inner-steps", "4", "--outer-momentum", "0.5"];
 
 /// Node 2 dies at the start of step 23, the last inner step of round 6: the survivors'
-/// outer step fails (nobody completed it), and the healed world runs it before going on.
+/// outer step fails (nobody completed it), and the healed world runs it before going on: the
+/// checkpoint of step 24 (written after the heal) holds one Nesterov step from step 23's
+/// outer state, and both survivors' parameters are its anchor.
 #[test]
 #[cfg_attr(
     not(feature = "test-hooks"),
@@ -205,8 +219,50 @@ const DILOCO: [&str; 4] = ["--inner-steps", "4", "--outer-momentum", "0.5"];
 )]
 fn under_diloco_the_outer_step_a_death_cut_off_runs_on_the_healed_world() {
     let envs = [("WIRETRAIN_TEST_DIE_AT", "2:23")];
-    let heal = kill_and_heal(("diloco", &DILOCO), "1", &envs, Some(false)).unwrap();
+    let heal = kill_heal_inspect(
+        ("diloco", &DILOCO),
+        "1",
+        &envs,
+        Some(false),
+        &one_outer_step,
+    )
+    .unwrap();
     assert_eq!(heal["failed_step"], 23, "{heal}");
     assert_eq!(heal["went_on_from"], 24, "{heal}");
     assert_eq!(heal["outer_step_ran"], true, "{heal}");
+}
+
+/// Between the checkpoints of steps 23 (3 nodes) and 24 (written after the heal): one outer
+/// step, m' = mu m + d and a' = a - lr (d + mu m') (lr 0.7, mu 0.5), and both nodes at a'.
+fn one_outer_step(ck: &Path) {
+    use wiretrain::checkpoint::Checkpoint;
+    let open = |s: usize| Checkpoint::open(&ck.join(format!("step-{s:08}"))).unwrap();
+    let (before, after) = (open(23), open(24));
+    let (o, o2) = (
+        before.read_outer().unwrap().unwrap(),
+        after.read_outer().unwrap().unwrap(),
+    );
+    assert_eq!((o.inner_done, o2.inner_done), (23, 24));
+    assert_eq!(after.manifest.ranks_per_node.len(), 2, "written on 2 nodes");
+    let (lr, mu) = (0.7f32, 0.5f32);
+    let mut moved = 0.0f32;
+    for i in 0..o.anchor.len() {
+        let d = o2.momentum[i] - mu * o.momentum[i];
+        let want = o.anchor[i] - lr * (d + mu * o2.momentum[i]);
+        let err = (o2.anchor[i] - want).abs();
+        assert!(err <= 1e-5 * want.abs().max(1.0), "element {i}: {err}");
+        moved = moved.max((o2.anchor[i] - o.anchor[i]).abs());
+    }
+    assert!(moved > 0.0, "the outer step moved the anchor");
+    let all = [0..after.manifest.total];
+    assert_eq!(
+        after.read_params().unwrap(),
+        o2.anchor,
+        "node 0 at the anchor"
+    );
+    assert_eq!(
+        after.read_node(1, &all).unwrap().params,
+        o2.anchor,
+        "node 1 at the anchor"
+    );
 }

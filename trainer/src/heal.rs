@@ -114,6 +114,19 @@ pub fn answer_file(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!("assign-{pid}.json"))
 }
 
+/// Removes the files of node process `pid` (ready, answer, capable, regroup) once it has
+/// ended, so that a process given the same pid later finds none of them.
+pub fn forget(dir: &Path, pid: u32) {
+    for f in [
+        ready_file(dir, pid),
+        answer_file(dir, pid),
+        capable_file(dir, pid),
+        regroup_file(dir, pid),
+    ] {
+        let _ = std::fs::remove_file(f);
+    }
+}
+
 /// Writes `value` as JSON to `path` whole: a temporary file, then a rename.
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");

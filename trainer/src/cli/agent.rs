@@ -354,6 +354,7 @@ async fn agent(
 fn watch(n: &mut Node, grace: Duration, heal_dir: &Path) -> Result<Option<ToHost>, LaunchError> {
     if let Some(st) = n.child.try_wait()? {
         *PID.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        wiretrain::heal::forget(heal_dir, n.child.id());
         if let Some(d) = n.dir.take() {
             let _ = std::fs::remove_dir_all(d);
         }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
-use wiretrain::heal::{Answer, Assignment, Ready, answer_file, ready_file, write_json};
+use wiretrain::heal::{Answer, Assignment, Ready, answer_file, forget, ready_file, write_json};
 
 /// A node process of the launch: its child, the loopback address it binds, its exit.
 pub(super) struct Slot {
@@ -45,7 +45,7 @@ pub(super) fn wait_healing(
     // The nodes that reported they wait to heal (their files are consumed): pid -> report.
     let mut ready: HashMap<u32, Ready> = HashMap::new();
     loop {
-        poll(&mut slots, &mut first_failure)?;
+        poll(&mut slots, h.dir, &mut first_failure)?;
         if slots.iter().all(|s| s.status.is_some()) {
             break;
         }
@@ -116,11 +116,17 @@ fn take_ready(slots: &[Slot], dir: &Path, ready: &mut HashMap<u32, Ready>) {
     }
 }
 
-/// Takes in the exits; the first failure's time.
-fn poll(slots: &mut [Slot], first_failure: &mut Option<Instant>) -> Result<(), LaunchError> {
+/// Takes in the exits (forgetting the heal files of the processes gone); the first
+/// failure's time.
+fn poll(
+    slots: &mut [Slot],
+    dir: &Path,
+    first_failure: &mut Option<Instant>,
+) -> Result<(), LaunchError> {
     for s in slots.iter_mut().filter(|s| s.status.is_none()) {
         if let Some(st) = s.child.try_wait()? {
             s.status = Some(st);
+            forget(dir, s.child.id());
             if !st.success() && first_failure.is_none() {
                 *first_failure = Some(Instant::now());
             }
@@ -150,7 +156,7 @@ fn gather_ready(
     let t0 = Instant::now();
     loop {
         let before = slots.iter().filter(|s| s.status.is_some()).count();
-        poll(slots, first_failure)?;
+        poll(slots, dir, first_failure)?;
         let exited = slots.iter().filter(|s| s.status.is_some()).count();
         take_ready(slots, dir, ready);
         if exited > before || t0.elapsed() > grace {

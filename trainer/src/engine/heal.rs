@@ -38,10 +38,12 @@ struct Entry {
     outer: [u8; 32],
     rounds: usize,
     inner_done: usize,
+    /// The rank joined the job in this heal ([`Trainer::join_state`]): it holds no state.
+    joined: bool,
 }
 
-/// An entry's bytes: steps, digest, step shape, outer digest, rounds, inner steps.
-const ENTRY_LEN: usize = 8 + 32 + 8 + 32 + 8 + 8;
+/// An entry's bytes: steps, digest, step shape, outer digest, rounds, inner steps, joined.
+const ENTRY_LEN: usize = 8 + 32 + 8 + 32 + 8 + 8 + 1;
 /// Where the step shape sits in an entry.
 const SHAPE: std::ops::Range<usize> = 40..48;
 
@@ -54,6 +56,7 @@ impl Entry {
             outer: b[48..80].try_into().expect("32"),
             rounds: u(80),
             inner_done: u(88),
+            joined: b[96] == 1,
         })
     }
 }
@@ -143,7 +146,22 @@ impl<M: Module> Trainer<M> {
     /// whose state differs from the one with the most steps receive that one's, checked
     /// against its SHA-256 digest. Returns the steps of the agreed state.
     pub fn agree_state(&mut self, steps: usize) -> Result<Agreed, super::TrainError> {
+        self.agree_as(steps, false)
+    }
+
+    /// [`Trainer::agree_state`] on a rank that joins a running job in place (its trainer just
+    /// built): it holds no state of its own and receives the others'.
+    pub fn join_state(&mut self) -> Result<Agreed, super::TrainError> {
+        self.agree_as(0, true)
+    }
+
+    fn agree_as(&mut self, steps: usize, joined: bool) -> Result<Agreed, super::TrainError> {
         let heal_err = |m: String| super::TrainError::Heal(m);
+        // Every rank writes checkpoints as one run (their pruning keys on it): a node that
+        // joined takes rank 0's run id.
+        let id = self.pg.broadcast_bytes(self.run_id.as_bytes(), 0)?;
+        self.run_id =
+            String::from_utf8(id).map_err(|_| heal_err("rank 0's run id is not UTF-8".into()))?;
         let exported = self.opt.export_state()?;
         let digest = self.state_digest(&exported);
         let mut mine = (steps as u64).to_le_bytes().to_vec();
@@ -157,6 +175,7 @@ impl<M: Module> Trainer<M> {
         ] {
             mine.extend_from_slice(&(n as u64).to_le_bytes());
         }
+        mine.push(u8::from(joined));
         let all = self.pg.all_gather_bytes(&mine)?;
         let entries: Vec<Entry> = all
             .iter()
@@ -271,11 +290,26 @@ impl<M: Module> Trainer<M> {
             )));
         }
         let keep = mine && self.pg.rank() != src;
-        if keep && (n_params, n_master, n_owned) != lens {
+        // Every rank learns whether any receiver cannot take the state, so that all fail
+        // together rather than leave the others waiting in the transfer.
+        let unfit = keep && (n_params, n_master, n_owned) != lens;
+        let any = self
+            .pg
+            .all_reduce(
+                vec![f32::from(u8::from(unfit))],
+                wiretrain_comm::ReduceOp::Sum,
+            )
+            .wait()?;
+        if unfit {
             return Err(heal_err(format!(
                 "rank {src}'s state has buffers of {n_params}, {n_master}, {n_owned} elements; \
                  this rank holds {}, {}, {}",
                 lens.0, lens.1, lens.2
+            )));
+        }
+        if any[0] > 0.0 {
+            return Err(heal_err(format!(
+                "a rank cannot take rank {src}'s state (its buffers differ in length)"
             )));
         }
         // What this rank sends (the source) or a buffer of the right length (the others).
@@ -330,10 +364,14 @@ impl<M: Module> Trainer<M> {
         Ok(())
     }
 
-    /// What the ranks' steps must agree on (strategy, overlap, buckets), as 8 bytes.
+    /// What the ranks' steps must agree on (strategy, DiLoCo's settings, overlap, buckets), as
+    /// 8 bytes.
     fn step_shape(&self) -> [u8; 8] {
         let mut h = Sha256::new();
         h.update(self.cfg.strategy.to_string().as_bytes());
+        if let Some(d) = self.cfg.diloco {
+            h.update(format!("{d:?}").as_bytes());
+        }
         h.update([u8::from(self.unit_overlap)]);
         for b in &self.held.buckets {
             h.update((b.start as u64).to_le_bytes());

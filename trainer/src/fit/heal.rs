@@ -44,7 +44,7 @@ pub(super) fn setup<M: Module>(
     if !joining {
         return Ok(None);
     }
-    let agreed = trainer.agree_state(0)?;
+    let agreed = trainer.join_state()?;
     // The collectives the nodes already there make after agreeing (see `heal`).
     catch_up_checkpoint(trainer, run, run_meta, agreed.steps)?;
     if trainer.process_group().rank() == 0 {

@@ -97,25 +97,17 @@ impl DilocoSync {
         }
     }
 
-    /// Counts an inner step and, at the end of a round, runs the outer step.
-    fn outer_step(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
-        self.outer.inner_done += 1;
-        if !self.outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
-            return Ok(());
-        }
-        self.apply_outer(cx)
-    }
-
     /// The outer step that ends the round `inner_done` closes: the mean of the nodes'
-    /// deltas from the anchor, the Nesterov update, and every node restarting at the anchor.
-    fn apply_outer(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
+    /// deltas from the anchor (each weighed by `weight`: 1, or in a heal the world over the
+    /// ranks that hold a delta), the Nesterov update, and every node restarting at the anchor.
+    fn apply_outer(&mut self, cx: &mut SyncCx<'_>, weight: f32) -> Result<(), TrainError> {
         let _s = cx.clock.enter(Phase::Comm, "outer step");
         let outer = &mut self.outer;
         let delta: Vec<f32> = outer
             .anchor
             .iter()
             .zip(&cx.held.params)
-            .map(|(a, p)| a - p)
+            .map(|(a, p)| (a - p) * weight)
             .collect();
         let delta = cx
             .pg
@@ -176,8 +168,18 @@ impl GradSync for DilocoSync {
     }
 
     fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
-        self.inner.update(cx, grad, scale)?;
-        self.outer_step(cx)
+        // An inner step counts when the optimizer stepped, as `optimizer_steps` does (a
+        // gather after it may still fail).
+        let before = cx.held.optimizer_steps;
+        let res = self.inner.update(cx, grad, scale);
+        if cx.held.optimizer_steps > before {
+            self.outer.inner_done += 1;
+        }
+        res?;
+        if !self.outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
+            return Ok(());
+        }
+        self.apply_outer(cx, 1.0)
     }
 
     fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
@@ -192,14 +194,19 @@ impl GradSync for DilocoSync {
         Some(&mut self.outer)
     }
 
-    fn heal_round(&mut self, cx: &mut SyncCx<'_>, to_anchor: bool) -> Result<bool, TrainError> {
+    fn heal_round(
+        &mut self,
+        cx: &mut SyncCx<'_>,
+        to_anchor: bool,
+        weight: f32,
+    ) -> Result<bool, TrainError> {
         if to_anchor {
             cx.held.params.clone_from(&self.outer.anchor);
             follow_params(cx)?;
         }
         let (done, h) = (self.outer.inner_done, self.cfg.inner_steps);
         if done.is_multiple_of(h) && self.outer.rounds < done / h {
-            self.apply_outer(cx)?;
+            self.apply_outer(cx, weight)?;
             return Ok(true);
         }
         Ok(false)

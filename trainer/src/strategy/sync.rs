@@ -105,10 +105,16 @@ pub(crate) trait GradSync: Send {
     }
 
     /// DiLoCo, after a heal agreed on the outer state: with `to_anchor` (this rank's outer
-    /// step was cut off and another rank's completed) the parameters become the anchor, as
-    /// the step would have left them; then, when no rank completed the round's outer step,
-    /// it runs now (a collective of the healed world). Returns whether it ran.
-    fn heal_round(&mut self, _cx: &mut SyncCx<'_>, _to_anchor: bool) -> Result<bool, TrainError> {
+    /// step was cut off and another rank's completed, or it joined) the parameters become
+    /// the anchor; then, when no rank completed the round's outer step, it runs now (a
+    /// collective of the healed world, each delta weighed by `weight` so that the mean is
+    /// over the ranks that hold one). Returns whether it ran.
+    fn heal_round(
+        &mut self,
+        _cx: &mut SyncCx<'_>,
+        _to_anchor: bool,
+        _weight: f32,
+    ) -> Result<bool, TrainError> {
         Ok(false)
     }
 }

@@ -215,7 +215,8 @@ impl<M: Module> Trainer<M> {
         };
         // Each node resumes its own inner state. On fewer nodes, the inner progress of the
         // nodes past the last since the round's anchor is dropped (as when they are lost);
-        // on more, the new nodes start as copies of node 0 (as a node joining in place does).
+        // on more, the new nodes start the round at the anchor with node 0's inner optimizer
+        // state (as a node joining in place does).
         let saved = m.ranks_per_node.len();
         if saved != nodes && self.pg.rank() == 0 {
             let what = if saved > nodes {
@@ -224,7 +225,10 @@ impl<M: Module> Trainer<M> {
                      dropped"
                 )
             } else {
-                format!("node(s) {saved}..{nodes} start from node 0's inner state")
+                format!(
+                    "node(s) {saved}..{nodes} start the round at its anchor, with node 0's \
+                     inner optimizer state"
+                )
             };
             tracing::warn!(
                 "{}: DiLoCo state of {saved} node(s) resumed on {nodes}: {what}",
@@ -258,6 +262,9 @@ impl<M: Module> Trainer<M> {
                     reason: reason.to_string(),
                 })?;
             self.held.params = whole.params;
+            self.reset_master();
+        } else if node >= saved {
+            self.held.params.clone_from(&outer.anchor);
             self.reset_master();
         }
         let rounds = outer.inner_done / self.cfg.diloco().map_or(1, |d| d.inner_steps);

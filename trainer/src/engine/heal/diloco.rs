@@ -5,8 +5,10 @@
 //! most outer steps, then the most inner steps) sends it where it differs, checked by its
 //! SHA-256 digest. A rank whose outer step the failure cut off while another's completed
 //! restarts the round at the anchor, as the step would have left it; when no rank completed
-//! it, the healed world runs it. A node that joins holds no inner state: it takes node 0's
-//! (each local rank its counterpart's), as a checkpoint resumed on more nodes does.
+//! it, the healed world runs it. A node's own ranks must hold one state. A node that joins
+//! holds no inner state: it takes the first live node's inner optimizer state (each local
+//! rank its counterpart's) and starts the round at the anchor, as a checkpoint resumed on
+//! more nodes does.
 
 use super::{Agreed, Entry};
 use crate::clock::StepClock;
@@ -25,50 +27,74 @@ impl<M: Module> Trainer<M> {
     ) -> Result<Agreed, TrainError> {
         let heal_err = |m: String| TrainError::Heal(m);
         let n = entries.len();
-        let agreed = entries.iter().map(|e| e.steps).max().unwrap_or(0);
-        // A rank with no step while others have some joined: it holds no inner state.
-        let fresh = |r: usize| entries[r].steps == 0 && agreed > 0;
+        let table = self.pg.table().clone();
+        let (node, local): (Vec<usize>, Vec<usize>) = (0..n).map(|r| table.locate(r)).unzip();
+        let joined = |r: usize| entries[r].joined;
+        let live: Vec<usize> = (0..n).filter(|&r| !joined(r)).collect();
+        let agreed = live.iter().map(|&r| entries[r].steps).max().unwrap_or(0);
         // Inner steps cross no node, so live nodes stop at most one step apart (one may have
         // seen the loss all-reduce of a step complete that another saw fail).
-        if let Some(r) = (0..n).find(|&r| !fresh(r) && entries[r].steps + 1 < agreed) {
+        if let Some(&r) = live.iter().find(|&&r| entries[r].steps + 1 < agreed) {
             return Err(heal_err(format!(
                 "rank {r} stopped at step {} and another at {agreed}: DiLoCo's nodes must be \
                  within one inner step of each other",
                 entries[r].steps
             )));
         }
-        let src = (0..n)
+        // A node's ranks hold one inner state (replicas under DDP, shards of it sharded):
+        // they must have stepped alike, or it is not one state.
+        let replicas = self.cfg.strategy.stage() == crate::strategy::Stage::Replicated;
+        for &r in &live {
+            let first = live.iter().copied().find(|&q| node[q] == node[r]);
+            if let Some(q) = first.filter(|&q| {
+                entries[q].steps != entries[r].steps
+                    || (replicas && entries[q].digest != entries[r].digest)
+            }) {
+                return Err(heal_err(format!(
+                    "ranks {q} and {r} of node {} hold different inner states (steps {} and \
+                     {}): the node has no one state to go on with",
+                    node[r], entries[q].steps, entries[r].steps
+                )));
+            }
+        }
+        let src = live
+            .iter()
+            .copied()
             .max_by_key(|&r| (entries[r].rounds, entries[r].inner_done, usize::MAX - r))
-            .ok_or_else(|| heal_err("a world of no ranks".into()))?;
+            .ok_or_else(|| heal_err("no rank of the job holds a state".into()))?;
         let want = &entries[src];
         let me = self.pg.rank();
-        let behind = !fresh(me) && entries[me].rounds < want.rounds;
+        let behind = !joined(me) && entries[me].rounds < want.rounds;
         let mut transferred = false;
         if entries.iter().any(|e| e.outer != want.outer) {
             transferred = true;
             self.receive_outer(src, want)?;
         }
-        // Joining ranks: the inner state of node 0's rank with the same local rank.
-        let table = self.pg.table().clone();
-        let local: Vec<usize> = (0..n).map(|r| table.locate(r).1).collect();
-        let on_node0 = |g: usize| (0..n).find(|&r| table.locate(r) == (0, g));
+        // Joining ranks take the inner optimizer state of the first live node's rank with
+        // their local rank, and start the round at the anchor (below): what they add to the
+        // round's delta is their own steps.
         for g in 0..local.iter().max().map_or(0, |m| m + 1) {
-            if !(0..n).any(|r| local[r] == g && fresh(r)) {
+            if !(0..n).any(|r| local[r] == g && joined(r)) {
                 continue;
             }
-            let from = on_node0(g).filter(|&r| !fresh(r)).ok_or_else(|| {
-                heal_err(format!(
-                    "local rank {g} joined and node 0 holds no inner state for it (node 0 \
-                         has {} ranks, all of the job's first steps)",
-                    table.nodes()[0].devices.len()
-                ))
-            })?;
+            let from = live
+                .iter()
+                .copied()
+                .find(|&r| local[r] == g)
+                .ok_or_else(|| {
+                    heal_err(format!(
+                        "local rank {g} joined and no live node has that rank"
+                    ))
+                })?;
             transferred = true;
-            self.receive_state(from, local[me] == g && fresh(me), exported, &entries[from])?;
+            self.receive_state(from, local[me] == g && joined(me), exported, &entries[from])?;
         }
+        // A round's outer step cut off on every rank runs now; the joiners (at the anchor)
+        // hold no delta, so the others' weigh world / live for the mean to be theirs.
+        let weight = n as f32 / live.len() as f32;
         let clock = StepClock::since(std::time::Instant::now());
         let (mut cx, sync) = self.sync_cx(&clock);
-        let outer_step_ran = sync.heal_round(&mut cx, behind)?;
+        let outer_step_ran = sync.heal_round(&mut cx, behind || joined(me), weight)?;
         if outer_step_ran {
             tracing::info!(
                 step = agreed,
