@@ -254,14 +254,15 @@ fn one_outer_step(ck: &Path) {
         moved = moved.max((o2.anchor[i] - o.anchor[i]).abs());
     }
     assert!(moved > 0.0, "the outer step moved the anchor");
-    let all = [0..after.manifest.total];
+    let whole = 0..after.manifest.total;
+    let all = std::slice::from_ref(&whole);
     assert_eq!(
         after.read_params().unwrap(),
         o2.anchor,
         "node 0 at the anchor"
     );
     assert_eq!(
-        after.read_node(1, &all).unwrap().params,
+        after.read_node(1, all).unwrap().params,
         o2.anchor,
         "node 1 at the anchor"
     );
