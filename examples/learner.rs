@@ -17,7 +17,7 @@
 //! `--reference W`: one process, Burn's own single-device training on the global batches of
 //! a W-rank run (batch W·B), for comparing losses step by step. In an elastic launch
 //! (`launch --local N --nnodes MIN:N --max-restarts R`) a lost node's survivors heal in place
-//! under ddp, hybrid and hsdp; other strategies restart from `--sharded DIR --resume`.
+//! (tests/learner.rs: under ddp); zero1/2/3 restart from `--sharded DIR --resume`.
 
 use burn::data::dataloader::DataLoaderBuilder;
 use burn::data::dataloader::batcher::Batcher;

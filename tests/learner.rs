@@ -257,3 +257,31 @@ fn a_lost_node_under_the_learner_with_zero2_restarts_from_the_sharded_checkpoint
     assert_eq!(counts, [48; 4], "epochs 5-8 on 2 ranks");
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// When the node of rank 0 dies (Burn's validation, checkpointer and logs run there), the
+/// survivors' heal fails alike on every rank, naming why, and the launch restarts them from
+/// the sharded checkpoint (the failed heal is one of the restarts).
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
+fn losing_rank_0s_node_under_the_learner_restarts_from_the_sharded_checkpoint() {
+    let d = dir("rank0");
+    let (ex, o, ck) = (common::example("learner"), d.join("out"), d.join("ck"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (exs, os, cks) = (s(&ex), s(&o), s(&ck));
+    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
+    args.extend(["--max-restarts", "2", "--", &exs, "--strategy", "ddp"]);
+    args.extend(["--epochs", "8", "--batch", "16", "--device", "cpu"]);
+    args.extend(["--sharded", &cks, "--resume", "--out", &os]);
+    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_DIE_AT", "0:140")]);
+    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
+    let err = common::stderr_of(&mut child);
+    assert!(st.success(), "{err}");
+    assert!(err.contains("elastic heal 1 of 2"), "{err}");
+    assert!(err.contains("the node of rank 0 was lost"), "{err}");
+    assert!(err.contains("elastic restart 2 of 2"), "{err}");
+    assert!(!err.contains("healed from live replicas"), "{err}");
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -30,7 +30,7 @@ pub struct Faults {
     pub heal_diverge: Option<usize>,
     /// (node, step): the process of this node kills itself with SIGKILL at the start of the
     /// step, as `kill -9` would (a death at a chosen point of the run, e.g. just before a
-    /// DiLoCo round's outer step).
+    /// DiLoCo round's outer step); in an elastic launch's first epoch only.
     pub die_at: Option<(usize, usize)>,
 }
 
@@ -141,11 +141,13 @@ impl Faults {
             stall_prune: test("WIRETRAIN_TEST_STALL_PRUNE").and_then(|v| ms(&v)),
             // node
             heal_diverge: test("WIRETRAIN_TEST_HEAL_DIVERGE").and_then(|v| v.parse().ok()),
-            // node:step
-            die_at: test("WIRETRAIN_TEST_DIE_AT").and_then(|v| {
-                let (n, s) = v.split_once(':')?;
-                Some((n.parse().ok()?, s.parse().ok()?))
-            }),
+            // node:step, in the job's first epoch only (not again after a restart)
+            die_at: test("WIRETRAIN_TEST_DIE_AT")
+                .filter(|_| var(crate::job::env::EPOCH).is_none_or(|e| e == "0"))
+                .and_then(|v| {
+                    let (n, s) = v.split_once(':')?;
+                    Some((n.parse().ok()?, s.parse().ok()?))
+                }),
             // rank:factor
             slowdown: var("WIRETRAIN_DEBUG_SLOWDOWN").and_then(|v| {
                 let (r, f) = v.split_once(':')?;
@@ -227,5 +229,8 @@ mod tests {
             ("WIRETRAIN_TEST_DIE_AT", "2"),
         ]);
         assert_eq!(bad, Faults::default());
+        // A death happens once: not again in the epoch after a restart.
+        let later = env(&[("WIRETRAIN_TEST_DIE_AT", "2:11"), ("WIRETRAIN_EPOCH", "1")]);
+        assert_eq!(later.die_at, None);
     }
 }

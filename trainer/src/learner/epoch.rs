@@ -57,7 +57,7 @@ where
     let stop = Arc::new(AtomicBool::new(false));
     let model = learner.model();
     let aborter = pg.aborter();
-    let (trainer, epoch0) = match start(plan, model, s, pg, &stop, starting_epoch) {
+    let (trainer, (epoch0, steps0)) = match start(plan, model, s, pg, &stop, starting_epoch) {
         Ok(t) => t,
         Err(msg) => {
             aborter.abort(&msg);
@@ -73,7 +73,7 @@ where
         interrupter: &interrupter,
         stop: (&stop, s.stop.as_deref()),
         heal: s.heal.as_deref(),
-        steps: 0,
+        steps: steps0,
     };
     let end = EpochEnd {
         valid: valid.as_deref(),
@@ -207,9 +207,11 @@ where
                             super::heal::heal(&mut self.trainer, h, &reason, cut, spot)?;
                         self.steps = steps;
                         // Every rank goes on after the furthest batch any had taken, with the
-                        // next batches of its own share.
+                        // next batches of its own share (the learning rate schedule steps
+                        // past them too, so that every rank's stays in step).
                         while iteration < taken && it.next().is_some() {
                             iteration += 1;
+                            self.learner.lr_step();
                         }
                         continue;
                     }
@@ -254,7 +256,7 @@ where
             self.interrupter.fail_on_error(self.events.flush());
         }
         if let Some((dir, keep, _)) = end.sharded {
-            let meta = serde_json::json!({ "epoch": epoch, "learner": true });
+            let meta = serde_json::json!({ "epoch": epoch, "learner": true, "steps": self.steps });
             let mut again = false;
             healed(
                 &mut self.trainer,
@@ -278,8 +280,8 @@ where
     }
 }
 
-/// The rank's trainer, stopping on `stop`, with its sharded checkpoints opened: the trainer
-/// and the first epoch to run.
+/// The rank's trainer, stopping on `stop`, with its sharded checkpoints opened: the trainer,
+/// the first epoch to run and the steps its state holds.
 fn start<M: LearnerModel>(
     plan: &Plan<M>,
     model: M,
@@ -287,12 +289,12 @@ fn start<M: LearnerModel>(
     pg: ProcessGroup,
     stop: &Arc<AtomicBool>,
     starting_epoch: usize,
-) -> Result<(Trainer<M>, usize), String> {
+) -> Result<(Trainer<M>, (usize, usize)), String> {
     let mut trainer =
         (plan.build)(model, &s.device, s.cfg.clone(), pg).map_err(|e| e.to_string())?;
     trainer.set_stop_flag(stop.clone());
-    let epoch0 = open_sharded(&mut trainer, s, starting_epoch)?;
-    Ok((trainer, epoch0))
+    let start = open_sharded(&mut trainer, s, starting_epoch)?;
+    Ok((trainer, start))
 }
 
 /// Rank 0's decision (`leave` there) on every rank.
@@ -341,21 +343,25 @@ fn take_group(
 }
 
 /// Claims the sharded-checkpoint directory of a fresh run, or resumes from its newest
-/// checkpoint: the first epoch to run.
+/// checkpoint: the first epoch to run, and the optimizer steps the state holds (as the
+/// checkpoint recorded them; 0 from one written before they were).
 fn open_sharded<M: burn::module::Module>(
     trainer: &mut Trainer<M>,
     s: &WiretrainStrategy,
     starting_epoch: usize,
-) -> Result<usize, String> {
+) -> Result<(usize, usize), String> {
     match &s.sharded {
-        None => Ok(starting_epoch),
+        None => Ok((starting_epoch, 0)),
         Some((dir, _, false)) => trainer
             .claim_checkpoint_dir(dir, false)
-            .map(|()| starting_epoch)
+            .map(|()| (starting_epoch, 0))
             .map_err(|e| format!("sharded checkpoints: {e}")),
         Some((dir, _, true)) => match trainer.resume_latest(dir) {
-            Ok(Some(m)) => Ok(starting_epoch.max(m.step + 1)),
-            Ok(None) => Ok(starting_epoch),
+            Ok(Some(m)) => {
+                let steps = m.run["steps"].as_u64().unwrap_or(0) as usize;
+                Ok((starting_epoch.max(m.step + 1), steps))
+            }
+            Ok(None) => Ok((starting_epoch, 0)),
             Err(e) => Err(format!("resuming from {}: {e}", dir.display())),
         },
     }

@@ -106,8 +106,9 @@ pub(super) fn heal<M: Module>(
                 .into(),
         ));
     }
-    let agreed = trainer.agree_state(done).map_err(|e| fail(e.to_string()))?;
+    // Where each was cut off first: ranks that cannot go on together send no state.
     let taken = agree_spot(trainer, spot).map_err(fail)?;
+    let agreed = trainer.agree_state(done).map_err(|e| fail(e.to_string()))?;
     let pg = trainer.process_group();
     if pg.rank() == 0 {
         eprintln!(
