@@ -10,11 +10,10 @@
 //!
 //! Flags: `--strategy ddp|zero1|zero2|hybrid|zero3|hsdp` (zero3/hsdp run the model's units;
 //! `--whole` trains it as a whole module, which they refuse), `--epochs N` (3), `--batch B` per
-//! rank (16),
-//! `--out DIR` (Burn's logs of rank 0: `DIR/train/epoch-N/Loss.log`), `--checkpoints`
-//! (Burn's checkpointer on rank 0), `--sharded DIR` (wiretrain's sharded checkpoint every
-//! epoch; `--resume` continues from it, on any world size), `--device SPEC`, and
-//! `--reference W`: one process, Burn's own single-device training on the global batches of
+//! rank (16), `--out DIR` (Burn's logs of rank 0: `DIR/train/epoch-N/Loss.log`),
+//! `--checkpoints` (Burn's checkpointer on rank 0), `--sharded DIR` (wiretrain's sharded
+//! checkpoint every epoch, the newest `--keep K` (2) kept; `--resume` continues from it, on any
+//! world size), `--device SPEC`, and `--reference W`: one process, Burn's own single-device training on the global batches of
 //! a W-rank run (batch W·B), for comparing losses step by step. In an elastic launch
 //! (`launch --local N --nnodes MIN:N --max-restarts R`) a lost node's survivors heal in place
 //! (tests/learner.rs: under ddp); zero1/2/3 restart from `--sharded DIR --resume`.
@@ -249,6 +248,9 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         cfg,
         whole,
         checkpoints: args.iter().any(|a| a == "--checkpoints"),
+        keep: flag(args, "--keep")
+            .map_or(Ok(2), |s| s.parse())
+            .map_err(bad)?,
         sharded: flag(args, "--sharded")
             .map(|d| (PathBuf::from(d), args.iter().any(|a| a == "--resume"))),
     };
@@ -275,6 +277,8 @@ struct Setup {
     checkpoints: bool,
     /// Sharded checkpoints: (directory, resume from its newest).
     sharded: Option<(PathBuf, bool)>,
+    /// Sharded checkpoints kept (`--keep`, 2).
+    keep: usize,
 }
 
 /// The strategy and optimizer of `--strategy`, and whether the model trains as a whole.
@@ -402,7 +406,7 @@ fn strategy_for(
                 .with_stop_flag(stop)
                 .with_heal(heal);
             if let Some((d, resume)) = &setup.sharded {
-                s = s.sharded_checkpoints(d, 2, *resume);
+                s = s.sharded_checkpoints(d, setup.keep, *resume);
             }
             Arc::new(s)
         }};

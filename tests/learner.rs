@@ -2,7 +2,9 @@
 //! data) as real node processes over QUIC on loopback: 2 nodes x 2 ranks with ddp, zero2 and
 //! zero3 (the model's units) log, step by step, the same global loss (Burn's own `Loss.log` of rank 0) as Burn's
 //! single-device training on the same global batches, within 1e-5; Burn's checkpointer writes
-//! on rank 0; a strategy the model cannot use is one clear line and exit 2.
+//! on rank 0; a strategy the model cannot use is one clear line and exit 2. In an elastic
+//! launch, a lost node's survivors heal in place (DDP) or restart from the sharded
+//! checkpoint (zero2, or when rank 0's node is lost).
 
 mod common;
 
@@ -162,30 +164,42 @@ fn ctrl_c_stops_every_learner_rank_after_the_same_step() {
 /// dies as by `kill -9` at the start of step 140 (the 13th of epoch 5: WIRETRAIN_TEST_DIE_AT)
 /// and the two others heal in place, through `WiretrainStrategy::with_heal`: no restart, the
 /// rest of epoch 5 on their own shares (the step cut off lost), every later epoch shared over
-/// 2 ranks; the last epoch's losses equal those of a 2-node run resumed from the healed run's
-/// sharded checkpoint before it.
+/// 2 ranks; epochs 6 to 30 equal a 2-node run resumed from the healed run's checkpoint of
+/// epoch 5, step by step.
 #[test]
 #[cfg_attr(
     not(feature = "test-hooks"),
     ignore = "needs --features wiretrain/test-hooks"
 )]
 fn a_lost_node_under_the_learner_heals_from_live_replicas() {
-    let d = dir("heal");
-    let (ex, o, ck) = (common::example("learner"), d.join("out"), d.join("ck"));
+    learner_heal(&[], "state identical on every replica");
+}
+
+/// The same with node 1's state made to differ at the heal (and claiming a step fewer): node
+/// 0's is sent to it, checked by digest, and the run goes on as one.
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
+fn under_the_learner_a_survivor_whose_state_differs_receives_a_replicas() {
+    learner_heal(
+        &[("WIRETRAIN_TEST_HEAL_DIVERGE", "1")],
+        "state sent from a replica",
+    );
+}
+
+fn learner_heal(envs: &[(&str, &str)], state: &str) {
+    let d = dir(&format!("heal-{}", envs.len()));
+    let (o, ck) = (d.join("out"), d.join("ck"));
     let s = |p: &Path| p.to_str().unwrap().to_string();
-    let (exs, os, cks) = (s(&ex), s(&o), s(&ck));
-    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
-    args.extend(["--max-restarts", "1", "--", &exs, "--strategy", "ddp"]);
-    args.extend(["--epochs", "30", "--batch", "16", "--device", "cpu"]);
-    args.extend(["--sharded", &cks, "--resume", "--out", &os]);
-    // Burn's renderer writes much to stdout: it goes nowhere, stderr is read at the end.
-    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_DIE_AT", "2:140")]);
-    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
-    let err = common::stderr_of(&mut child);
+    let exs = s(&common::example("learner"));
+    let (st, err) = elastic_learner(&d, ("ddp", "30", "1"), "2", envs);
     assert!(st.success(), "{err}");
     assert!(
         err.contains("elastic heal 1 of 1")
-            && err.contains("going on from step 140 with no checkpoint read (1 step(s) lost"),
+            && err.contains("going on from step 140 with no checkpoint read (1 step(s) lost")
+            && err.contains(state),
         "{err}"
     );
     assert!(!err.contains("elastic restart"), "no restart: {err}");
@@ -197,10 +211,10 @@ fn a_lost_node_under_the_learner_heals_from_live_replicas() {
     want.extend([48; 25]);
     assert_eq!(counts, want);
 
-    // The reference: 2 nodes resume from epoch 29's checkpoint and train epoch 30.
+    // The reference: 2 nodes resume from epoch 5's checkpoint and train epochs 6 to 30.
     let (ck2, o2) = (d.join("ck-reference"), d.join("out-reference"));
     std::fs::create_dir_all(&ck2).unwrap();
-    let name = "step-00000029";
+    let name = "step-00000005";
     let cp = std::process::Command::new("cp")
         .args(["-r", &s(&ck.join(name)), &s(&ck2.join(name))])
         .status()
@@ -218,12 +232,18 @@ fn a_lost_node_under_the_learner_heals_from_live_replicas() {
         "--resume",
     ]);
     a.extend(["--out", &o2s]);
-    let run = common::run(&a, &[], Duration::from_secs(300));
-    assert!(run.status.success(), "{}", common::text(&run));
-    let (got, want) = (epoch_losses(&o, 30), epoch_losses(&o2, 30));
-    assert_eq!(got.len(), want.len());
-    let worst = common::worst_rel(&got, &want, 1e-3);
-    assert!(worst <= 1e-5, "healed {got:?}\nvs resumed {want:?}");
+    let mut child = common::spawn(&a, &[]);
+    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the reference hangs");
+    assert!(st.success(), "{}", common::stderr_of(&mut child));
+    for e in 6..=30 {
+        let (got, want) = (epoch_losses(&o, e), epoch_losses(&o2, e));
+        assert_eq!(got.len(), want.len());
+        let worst = common::worst_rel(&got, &want, 1e-3);
+        assert!(
+            worst <= 1e-5,
+            "epoch {e}: healed {got:?}\nvs resumed {want:?}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
 
@@ -237,23 +257,16 @@ fn a_lost_node_under_the_learner_heals_from_live_replicas() {
 )]
 fn a_lost_node_under_the_learner_with_zero2_restarts_from_the_sharded_checkpoint() {
     let d = dir("restart");
-    let (ex, o, ck) = (common::example("learner"), d.join("out"), d.join("ck"));
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-    let (exs, os, cks) = (s(&ex), s(&o), s(&ck));
-    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
-    args.extend(["--max-restarts", "1", "--", &exs, "--strategy", "zero2"]);
-    args.extend(["--epochs", "8", "--batch", "16", "--device", "cpu"]);
-    args.extend(["--sharded", &cks, "--resume", "--out", &os]);
-    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_DIE_AT", "2:140")]);
-    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
-    let err = common::stderr_of(&mut child);
+    let (st, err) = elastic_learner(&d, ("zero2", "8", "1"), "2", &[]);
     assert!(st.success(), "{err}");
     assert!(
         err.contains("elastic restart 1 of 1: epoch 1 on 2 node(s) without [2]"),
         "{err}"
     );
     assert!(!err.contains("healed from live replicas"), "{err}");
-    let counts: Vec<usize> = (5..=8).map(|e| epoch_losses(&o, e).len()).collect();
+    let counts: Vec<usize> = (5..=8)
+        .map(|e| epoch_losses(&d.join("out"), e).len())
+        .collect();
     assert_eq!(counts, [48; 4], "epochs 5-8 on 2 ranks");
     let _ = std::fs::remove_dir_all(&d);
 }
@@ -268,20 +281,46 @@ fn a_lost_node_under_the_learner_with_zero2_restarts_from_the_sharded_checkpoint
 )]
 fn losing_rank_0s_node_under_the_learner_restarts_from_the_sharded_checkpoint() {
     let d = dir("rank0");
-    let (ex, o, ck) = (common::example("learner"), d.join("out"), d.join("ck"));
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-    let (exs, os, cks) = (s(&ex), s(&o), s(&ck));
-    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
-    args.extend(["--max-restarts", "2", "--", &exs, "--strategy", "ddp"]);
-    args.extend(["--epochs", "8", "--batch", "16", "--device", "cpu"]);
-    args.extend(["--sharded", &cks, "--resume", "--out", &os]);
-    let mut child = common::spawn(&args, &[("WIRETRAIN_TEST_DIE_AT", "0:140")]);
-    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
-    let err = common::stderr_of(&mut child);
+    let (st, err) = elastic_learner(&d, ("ddp", "8", "2"), "0", &[]);
     assert!(st.success(), "{err}");
     assert!(err.contains("elastic heal 1 of 2"), "{err}");
     assert!(err.contains("the node of rank 0 was lost"), "{err}");
     assert!(err.contains("elastic restart 2 of 2"), "{err}");
     assert!(!err.contains("healed from live replicas"), "{err}");
     let _ = std::fs::remove_dir_all(&d);
+}
+
+/// `launch --local 3 --nnodes 2:3 --max-restarts R -- <learner example> --strategy S --epochs E
+/// --batch 16 --sharded <d>/ck --keep 40 --resume --out <d>/out` with node `die` dying at
+/// the start of step 140 (plus `envs`): the launch's exit status and stderr.
+fn elastic_learner(
+    d: &Path,
+    (strategy, epochs, restarts): (&str, &str, &str),
+    die: &str,
+    envs: &[(&str, &str)],
+) -> (std::process::ExitStatus, String) {
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (exs, os, cks) = (
+        s(&common::example("learner")),
+        s(&d.join("out")),
+        s(&d.join("ck")),
+    );
+    let mut args = vec!["launch", "--local", "3", "--nnodes", "2:3"];
+    args.extend([
+        "--max-restarts",
+        restarts,
+        "--",
+        &exs,
+        "--strategy",
+        strategy,
+    ]);
+    args.extend(["--epochs", epochs, "--batch", "16", "--device", "cpu"]);
+    args.extend(["--sharded", &cks, "--keep", "40", "--resume", "--out", &os]);
+    let at = format!("{die}:140");
+    let mut envs = envs.to_vec();
+    envs.push(("WIRETRAIN_TEST_DIE_AT", &at));
+    // Burn's renderer writes much to stdout: it goes nowhere, stderr is read at the end.
+    let mut child = common::spawn(&args, &envs);
+    let st = common::wait_exit_or(&mut child, Duration::from_secs(240), "the job hangs");
+    (st, common::stderr_of(&mut child))
 }

@@ -76,7 +76,7 @@ pub(super) fn heal<M: Module>(
     let t0 = Instant::now();
     let fail = |why: String| format!("healing after a collective failed ({reason}): {why}");
     let pg = trainer.process_group();
-    let (local, was_leader) = (pg.local_rank(), pg.rank() == 0);
+    let (local, was_leader, old_node) = (pg.local_rank(), pg.rank() == 0, pg.node());
     if was_leader {
         eprintln!("wiretrain: a Learner collective failed: {reason}; healing from live replicas");
     }
@@ -91,6 +91,13 @@ pub(super) fn heal<M: Module>(
         ));
     }
     trainer.rebind(rj.pg).map_err(fail)?;
+    // The test fault: this node's state differs and it claims a step fewer (so another
+    // node's state is the one sent to it).
+    let diverge = trainer.config().faults().heal_diverge == Some(old_node);
+    if diverge {
+        trainer.diverge_for_test();
+    }
+    let done = done.saturating_sub(usize::from(diverge));
     // Every rank learns whether rank 0 of the new epoch was rank 0 before (a collective, so
     // all fail alike).
     let lead = trainer
