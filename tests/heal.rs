@@ -267,3 +267,45 @@ fn one_outer_step(ck: &Path) {
         "node 1 at the anchor"
     );
 }
+
+/// A cut link with every node alive (node 1 fails the job's connections at the start of step
+/// 20: WIRETRAIN_TEST_CUT_AT): every node loses its job and none is lost, so all three heal in
+/// place together in epoch 1, with no checkpoint read and at most one step lost.
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "needs --features wiretrain/test-hooks"
+)]
+fn a_cut_link_with_every_node_alive_heals_all_of_them_in_place() {
+    let d = dir("heal-cut");
+    let m = d.join("m.jsonl");
+    let args = heal_args("ddp", &[], "1", &d);
+    let out = common::run(
+        &args,
+        &[("WIRETRAIN_TEST_CUT_AT", "1:20")],
+        Duration::from_secs(240),
+    );
+    let err = common::text(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("elastic heal 1 of 1")
+            && err.contains("on 3 node(s) without [] (every node lost its job and none was lost"),
+        "{err}"
+    );
+    assert!(err.contains("healed from live replicas"), "{err}");
+    assert!(
+        !err.contains("resumed from"),
+        "no checkpoint is read: {err}"
+    );
+    let summary = common::jsonl(&m).into_iter().last().unwrap();
+    assert_eq!(summary["world"], 3, "{summary}");
+    let el = &summary["elastic"];
+    assert_eq!(el["recovery"], "live", "{summary}");
+    assert!(el["steps_lost"].as_u64().unwrap() <= 1, "{summary}");
+    let steps: Vec<usize> = losses(&m).iter().map(|x| x.0).collect();
+    let from = el["heals"][0]["went_on_from"].as_u64().unwrap() as usize;
+    assert!(from == 20 || from == 21, "{summary}");
+    let tail: Vec<usize> = steps.iter().copied().filter(|&s| s >= from).collect();
+    assert_eq!(tail, (from..300).collect::<Vec<_>>());
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -222,13 +222,6 @@ impl FlightRecorder {
             Some(d) => Ok(PathBuf::from(d)),
             None => private_dir(),
         };
-        let path = dir.map(|d| {
-            d.join(format!(
-                "wiretrain-flight-{}-rank{}.json",
-                std::process::id(),
-                self.rank
-            ))
-        });
         let body = serde_json::json!({
             "rank": self.rank,
             "pid": std::process::id(),
@@ -236,7 +229,25 @@ impl FlightRecorder {
             "collectives": self.entries(),
         });
         let bytes = serde_json::to_vec_pretty(&body).unwrap_or_default();
-        match path.and_then(|p| write_new(&p, &bytes).map(|()| p)) {
+        // A process that healed into a later job epoch dumps its new group's ring beside the
+        // earlier one: the first free of `-rankR.json`, `-rankR-2.json`, ...
+        let (pid, rank) = (std::process::id(), self.rank);
+        let write = |d: PathBuf| {
+            let mut n = 1;
+            loop {
+                let tail = if n == 1 {
+                    String::new()
+                } else {
+                    format!("-{n}")
+                };
+                let p = d.join(format!("wiretrain-flight-{pid}-rank{rank}{tail}.json"));
+                match write_new(&p, &bytes) {
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && n < 64 => n += 1,
+                    r => return r.map(|()| p),
+                }
+            }
+        };
+        match dir.and_then(write) {
             Ok(path) => {
                 self.dumped = Some(path.clone());
                 Some(path)
@@ -369,7 +380,8 @@ mod tests {
         assert_eq!(v["collectives"][CAPACITY - 2]["tag"], "grad bucket");
         assert!(v["collectives"][0].get("tag").is_none());
         assert_eq!(f.dump_once().unwrap(), p);
-        // A name planted in advance (a symlink to a file of someone else's) is not followed.
+        // A name planted in advance (a symlink to a file of someone else's) is not followed:
+        // the ring goes to the next free name, as a healed process's later group's does.
         #[cfg(unix)]
         {
             let victim = dir.join("victim");
@@ -380,7 +392,14 @@ mod tests {
                 std::process::id()
             ));
             std::os::unix::fs::symlink(&victim, &planted).unwrap();
-            assert_eq!(g.dump_once(), None);
+            let next = g.dump_once().unwrap();
+            assert_eq!(
+                next,
+                dir.join(format!(
+                    "wiretrain-flight-{}-rank4-2.json",
+                    std::process::id()
+                ))
+            );
             assert_eq!(std::fs::read(&victim).unwrap(), b"keep");
         }
         let _ = std::fs::remove_dir_all(&dir);

@@ -32,6 +32,10 @@ pub struct Faults {
     /// step, as `kill -9` would (a death at a chosen point of the run, e.g. just before a
     /// DiLoCo round's outer step); in an elastic launch's first epoch only.
     pub die_at: Option<(usize, usize)>,
+    /// (node, step): a rank of this node fails the job's connections at the start of the
+    /// step (as a cut link would) while every process stays alive; once per process, in an
+    /// elastic launch's first epoch only.
+    pub cut_at: Option<(usize, usize)>,
 }
 
 /// Stall the checkpoint of `from_step` and later ones, on every rank or only on `rank`.
@@ -104,6 +108,12 @@ impl Faults {
             }
         };
         let ms = |s: &str| s.parse::<u64>().ok().map(Duration::from_millis);
+        let first_epoch = var(crate::job::env::EPOCH).is_none_or(|e| e == "0");
+        let node_step = |name: &str| -> Option<(usize, usize)> {
+            let v = test(name).filter(|_| first_epoch)?;
+            let (n, s) = v.split_once(':')?;
+            Some((n.parse().ok()?, s.parse().ok()?))
+        };
         Self {
             // step:ms[:rank]
             stall_checkpoint: test("WIRETRAIN_TEST_STALL_CHECKPOINT").and_then(|v| {
@@ -142,12 +152,8 @@ impl Faults {
             // node
             heal_diverge: test("WIRETRAIN_TEST_HEAL_DIVERGE").and_then(|v| v.parse().ok()),
             // node:step, in the job's first epoch only (not again after a restart)
-            die_at: test("WIRETRAIN_TEST_DIE_AT")
-                .filter(|_| var(crate::job::env::EPOCH).is_none_or(|e| e == "0"))
-                .and_then(|v| {
-                    let (n, s) = v.split_once(':')?;
-                    Some((n.parse().ok()?, s.parse().ok()?))
-                }),
+            die_at: node_step("WIRETRAIN_TEST_DIE_AT"),
+            cut_at: node_step("WIRETRAIN_TEST_CUT_AT"),
             // rank:factor
             slowdown: var("WIRETRAIN_DEBUG_SLOWDOWN").and_then(|v| {
                 let (r, f) = v.split_once(':')?;
@@ -159,6 +165,12 @@ impl Faults {
             }),
         }
     }
+}
+
+/// The `cut_at` test fault fires once per process (a heal goes on in the same process).
+pub(crate) fn first_cut() -> bool {
+    static CUT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    !CUT.swap(true, std::sync::atomic::Ordering::SeqCst)
 }
 
 /// The `die_at` test fault: this process ends as `kill -9` would end it.
@@ -198,6 +210,7 @@ mod tests {
             ("WIRETRAIN_TEST_STALL_PRUNE", "300"),
             ("WIRETRAIN_TEST_HEAL_DIVERGE", "1"),
             ("WIRETRAIN_TEST_DIE_AT", "2:11"),
+            ("WIRETRAIN_TEST_CUT_AT", "1:7"),
             ("WIRETRAIN_DEBUG_SLOWDOWN", "1:3"),
         ]);
         // The documented demo knob works in every build; the test faults only with test-hooks.
@@ -213,6 +226,7 @@ mod tests {
             assert_eq!(f.stall_prune, Some(Duration::from_millis(300)));
             assert_eq!(f.heal_diverge, Some(1));
             assert_eq!(f.die_at, Some((2, 11)));
+            assert_eq!(f.cut_at, Some((1, 7)));
         } else {
             assert_eq!(
                 f,

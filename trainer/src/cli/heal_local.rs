@@ -44,6 +44,8 @@ pub(super) fn wait_healing(
     let mut first_failure: Option<Instant> = None;
     // The nodes that reported they wait to heal (their files are consumed): pid -> report.
     let mut ready: HashMap<u32, Ready> = HashMap::new();
+    // When the first node lost its job while no node was lost.
+    let mut unlost: Option<Instant> = None;
     loop {
         poll(&mut slots, h.dir, &mut first_failure)?;
         if slots.iter().all(|s| s.status.is_some()) {
@@ -51,8 +53,26 @@ pub(super) fn wait_healing(
         }
         take_ready(&slots, h.dir, &mut ready);
         let Some(t) = first_failure else {
-            // A node lost its job while no node was lost (a timeout, a cut link): that is
-            // not healed here; it fails, and the launch restarts.
+            // Nodes lost their job while no node was lost (a cut link): when every node
+            // reports it within the grace period, all of them heal in place together.
+            if !ready.is_empty() && may_heal(&slots, h) {
+                let since = *unlost.get_or_insert_with(Instant::now);
+                if ready.len() == slots.iter().filter(|s| s.status.is_none()).count() {
+                    unlost = None;
+                    if let Err(e) = heal(&mut slots, &mut ready, since, h) {
+                        heal_failed(&mut slots, &mut ready, h.dir, &e);
+                        break;
+                    }
+                    continue;
+                }
+                if since.elapsed() <= grace {
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+            }
+            // Not every node lost its job in time: those that did fail, and the launch
+            // restarts.
+            unlost = None;
             stop_waiting(&mut ready, h.dir, "no node of this launch was lost");
             std::thread::sleep(Duration::from_millis(20));
             continue;
@@ -65,12 +85,7 @@ pub(super) fn wait_healing(
                         continue;
                     }
                     Err(e) => {
-                        eprintln!("wiretrain launch: the heal failed ({e}); the launch restarts");
-                        stop_waiting(&mut ready, h.dir, "the heal failed");
-                        for s in slots.iter_mut().filter(|s| s.status.is_none()) {
-                            let _ = s.child.kill();
-                            let _ = s.child.wait();
-                        }
+                        heal_failed(&mut slots, &mut ready, h.dir, &e);
                         break;
                     }
                 }
@@ -96,6 +111,17 @@ pub(super) fn wait_healing(
         status: slots.iter().map(|s| s.status).collect(),
         detected: first_failure,
     })
+}
+
+/// A heal the launcher could not complete: the waiting nodes are told to stop and every
+/// running node is ended (the launch restarts from the checkpoint).
+fn heal_failed(slots: &mut [Slot], ready: &mut HashMap<u32, Ready>, dir: &Path, e: &LaunchError) {
+    eprintln!("wiretrain launch: the heal failed ({e}); the launch restarts");
+    stop_waiting(ready, dir, "the heal failed");
+    for s in slots.iter_mut().filter(|s| s.status.is_none()) {
+        let _ = s.child.kill();
+        let _ = s.child.wait();
+    }
 }
 
 /// Reads (and removes) the ready files of the running slots into `ready`.
@@ -217,11 +243,14 @@ fn assign(
         .filter(|&i| slots[i].status.is_some())
         .collect();
     let step = ready.values().map(|r| r.step).max().unwrap_or(0);
-    let reason = left
-        .iter()
-        .map(|&i| format!("node {i} exited with {}", slots[i].status.expect("exited")))
-        .collect::<Vec<_>>()
-        .join("; ");
+    let reason = if left.is_empty() {
+        "every node lost its job and none was lost: a link failed".to_string()
+    } else {
+        left.iter()
+            .map(|&i| format!("node {i} exited with {}", slots[i].status.expect("exited")))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     let mut survivors: Vec<&mut Slot> = slots.iter_mut().filter(|s| s.status.is_none()).collect();
     let epoch = h.history.len() + 1;
     let r = Restart {

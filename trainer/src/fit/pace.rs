@@ -51,6 +51,11 @@ impl Pace {
         if self.faults.die_at == Some((self.node, step)) {
             crate::faults::die();
         }
+        if self.faults.cut_at == Some((self.node, step)) && crate::faults::first_cut() {
+            trainer
+                .process_group()
+                .abort("test fault: this node's links are cut");
+        }
         if let Some(extra) = self.faults.step_delay(self.node, step) {
             std::thread::sleep(extra);
         }
