@@ -102,9 +102,35 @@ impl<M: Module> Trainer<M> {
         Ok(())
     }
 
+    /// Whether a failure (`comm`: of communication; nothing else heals) may heal from live
+    /// replicas under this trainer's strategy (logging why not).
+    pub(crate) fn may_heal_after(&self, comm: bool) -> bool {
+        if !comm {
+            return false;
+        }
+        let why = self.heal_unsupported();
+        if let Some(why) = &why {
+            tracing::info!(
+                "no heal from live replicas ({why}): the launcher restarts from a checkpoint"
+            );
+        }
+        why.is_none()
+    }
+
+    /// The `heal_diverge` test fault on a rank of `old_node` (its node before the heal): its
+    /// state is nudged and it claims a step fewer than `done`, so that another replica's
+    /// state is sent to it. Returns the steps to claim.
+    pub(crate) fn heal_test_fault(&mut self, old_node: usize, done: usize) -> usize {
+        if self.cfg.faults.heal_diverge != Some(old_node) {
+            return done;
+        }
+        self.diverge_for_test();
+        done.saturating_sub(1)
+    }
+
     /// Nudges this rank's parameters (and master) away from the other replicas' (the
     /// `heal_diverge` test fault: the heal must send it a replica's state).
-    pub(crate) fn diverge_for_test(&mut self) {
+    fn diverge_for_test(&mut self) {
         for v in [&mut self.held.params, &mut self.held.master] {
             if let Some(x) = v.first_mut() {
                 *x += 0.5;

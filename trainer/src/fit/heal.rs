@@ -65,16 +65,8 @@ pub(super) fn healable<M: Module>(
     e: &FitError,
 ) -> Option<Arc<Healer>> {
     let h = run.heal.clone()?;
-    if !matches!(e, FitError::Comm(_) | FitError::Train(TrainError::Comm(_))) {
-        return None;
-    }
-    if let Some(why) = trainer.heal_unsupported() {
-        tracing::info!(
-            "no heal from live replicas ({why}): the launcher restarts from a checkpoint"
-        );
-        return None;
-    }
-    Some(h)
+    let comm = matches!(e, FitError::Comm(_) | FitError::Train(TrainError::Comm(_)));
+    trainer.may_heal_after(comm).then_some(h)
 }
 
 /// Heals after `e` cut off `cut`; returns the step to go on from.
@@ -116,13 +108,7 @@ pub(super) fn heal<M: Module>(
         .rejoin(local, done, &reason)
         .map_err(|x| fail(x.to_string()))?;
     trainer.rebind(rj.pg).map_err(fail)?;
-    // The test fault: this node's state differs and it claims a step fewer (so another
-    // node's state is the one sent to it).
-    let diverge = trainer.config().faults().heal_diverge == Some(old_node);
-    if diverge {
-        trainer.diverge_for_test();
-    }
-    let done = done.saturating_sub(usize::from(diverge));
+    let done = trainer.heal_test_fault(old_node, done);
     let rj_joined = rj.joined;
     if rj.joined {
         // Newcomers build their trainers (collectives this rank meets) before they agree.

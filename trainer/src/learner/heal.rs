@@ -18,18 +18,7 @@ use std::time::Instant;
 /// Whether `e` (a step's failure) may heal: a communication failure under a strategy whose
 /// state lives on more than one node.
 pub(super) fn healable<M: Module>(trainer: &Trainer<M>, e: &TrainError) -> bool {
-    if !matches!(e, TrainError::Comm(_)) {
-        return false;
-    }
-    match trainer.heal_unsupported() {
-        None => true,
-        Some(why) => {
-            tracing::info!(
-                "no heal from live replicas ({why}): the launcher restarts from a checkpoint"
-            );
-            false
-        }
-    }
+    trainer.may_heal_after(matches!(e, TrainError::Comm(_)))
 }
 
 /// What a rank was doing when a lost node cut it off.
@@ -91,13 +80,7 @@ pub(super) fn heal<M: Module>(
         ));
     }
     trainer.rebind(rj.pg).map_err(fail)?;
-    // The test fault: this node's state differs and it claims a step fewer (so another
-    // node's state is the one sent to it).
-    let diverge = trainer.config().faults().heal_diverge == Some(old_node);
-    if diverge {
-        trainer.diverge_for_test();
-    }
-    let done = done.saturating_sub(usize::from(diverge));
+    let done = trainer.heal_test_fault(old_node, done);
     // Every rank learns whether rank 0 of the new epoch was rank 0 before (a collective, so
     // all fail alike).
     let lead = trainer
