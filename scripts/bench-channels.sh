@@ -7,7 +7,8 @@
 #   OLD=/tmp/wt-old BIN=$CARGO_TARGET_DIR/debug/wiretrain scripts/bench-channels.sh > out.txt
 #   python3 scripts/bench-channels-table.py out.txt
 #
-# Env: OLD, BIN (binaries), CHANNELS (counts for BIN, default "1 2 4"), ROUNDS (default 5),
+# Env: OLD, BIN (binaries), CHANNELS (counts for BIN, default "1 2 4"), VARIANTS (instead of
+#      CHANNELS: flag sets for BIN separated by '|', e.g. "|--mtu 65507"), ROUNDS (default 5),
 #      BYTES (default 64M), ITERS (default 10), PY/GLOO (Gloo's python and script; rows skipped
 #      when absent), TBF (1: add the shaped-link rows; needs root), LOOPBACK (0: skip the
 #      loopback and Gloo rows).
@@ -35,10 +36,18 @@ for r in $(seq 1 "$ROUNDS"); do
     name=${shape%%:*}; args=${shape#*:}
     # shellcheck disable=SC2086
     run "$name old" "$OLD" $args
-    for c in $CHANNELS; do
-      # shellcheck disable=SC2086
-      run "$name new channels=$c" "$BIN" $args --channels "$c"
-    done
+    if [ -n "${VARIANTS+x}" ]; then
+      IFS='|' read -ra vs <<< "$VARIANTS"
+      for v in "${vs[@]}"; do
+        # shellcheck disable=SC2086
+        run "$name new${v:+ $v}" "$BIN" $args $v
+      done
+    else
+      for c in $CHANNELS; do
+        # shellcheck disable=SC2086
+        run "$name new channels=$c" "$BIN" $args --channels "$c"
+      done
+    fi
   done
   if [ "${LOOPBACK:-1}" = 1 ] && [ -x "$PY" ] && [ -f "$GLOO" ]; then
     for w in 2 4; do

@@ -41,6 +41,29 @@ pub mod env {
     /// Set (to 1) for a node that joins a running job in a growth in place: it receives the
     /// state from the nodes already there instead of resuming from a checkpoint.
     pub const HEAL_JOIN: &str = "WIRETRAIN_HEAL_JOIN";
+    /// How many node processes a local launch runs on this host (set by `launch --local` and
+    /// `bench --local`): each node's network threads default to its share of the cores.
+    pub const HOST_NODES: &str = "WIRETRAIN_HOST_NODES";
+}
+
+/// The network threads of a node whose `--net-threads` is not given: 2, or the host's cores
+/// shared among the node processes of a local launch ([`env::HOST_NODES`]), at least 1. Node
+/// processes on one host that each run two network threads on a machine with fewer cores
+/// than threads lose more to switching between them than the second thread brings.
+pub fn default_net_threads() -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let host_nodes = std::env::var(env::HOST_NODES)
+        .ok()
+        .and_then(|v| v.parse().ok());
+    net_threads_for(cores, host_nodes)
+}
+
+/// [`default_net_threads`] for `cores` cores shared by `host_nodes` node processes.
+fn net_threads_for(cores: usize, host_nodes: Option<usize>) -> usize {
+    match host_nodes {
+        Some(n) if n > 0 => (cores / n).clamp(1, 2),
+        _ => 2,
+    }
 }
 
 /// Where this process stands in an elastic launch (`wiretrain launch --max-restarts`): the
@@ -104,7 +127,8 @@ pub struct JobOptions {
     pub idle_timeout: Duration,
     pub mtu: Option<u16>,
     pub frame_bytes: Option<usize>,
-    pub net_threads: usize,
+    /// Threads of the node's network runtime (default: [`default_net_threads`]).
+    pub net_threads: Option<usize>,
     /// QUIC connections per lane and peer node (every node the same).
     pub channels: usize,
     /// cubic, bbr or newreno.
@@ -139,7 +163,7 @@ impl Default for JobOptions {
             idle_timeout: Duration::from_secs(10),
             mtu: None,
             frame_bytes: None,
-            net_threads: 2,
+            net_threads: None,
             channels: 1,
             congestion: "cubic".into(),
             addr_file: None,
@@ -264,7 +288,7 @@ impl JobOptions {
         let e = |what: &str, err: &dyn std::fmt::Display| JobError(format!("{what}: {err}"));
         q.idle_timeout(self.idle_timeout)
             .map_err(|err| e("--idle-timeout", &err))?;
-        q.net_threads(self.net_threads)
+        q.net_threads(self.net_threads.unwrap_or_else(default_net_threads))
             .map_err(|err| e("--net-threads", &err))?;
         q.channels(self.channels)
             .map_err(|err| e("--channels", &err))?;
@@ -469,5 +493,16 @@ mod tests {
             "{e}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn network_threads_default_to_a_share_of_the_host_s_cores_under_a_local_launch() {
+        assert_eq!(net_threads_for(2, None), 2);
+        assert_eq!(net_threads_for(64, None), 2);
+        assert_eq!(net_threads_for(2, Some(2)), 1);
+        assert_eq!(net_threads_for(2, Some(4)), 1);
+        assert_eq!(net_threads_for(16, Some(2)), 2);
+        assert_eq!(net_threads_for(6, Some(3)), 2);
+        assert_eq!(net_threads_for(8, Some(0)), 2);
     }
 }

@@ -129,6 +129,10 @@ impl Target {
             Place::Bind(b) => c.env(env::BIND, b),
             Place::Given => &mut c,
         };
+        if !matches!(place, Place::Given) {
+            // Every node of a local job shares this host's cores.
+            c.env(env::HOST_NODES, nnodes.to_string());
+        }
         if self.program.is_none() {
             // This binary's subcommands take the same settings as flags, which tools (and
             // tests) can read from the command line.

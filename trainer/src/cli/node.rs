@@ -48,9 +48,10 @@ pub struct NodeArgs {
     #[arg(long)]
     pub frame_bytes: Option<usize>,
     /// Threads for QUIC packet processing and crypto in this node process (at least one per
-    /// local rank: each rank's inter-node transfers run there too).
-    #[arg(long, default_value_t = 2)]
-    pub net_threads: usize,
+    /// local rank: each rank's inter-node transfers run there too). Default: 2, or under a
+    /// local launch the host's cores shared among its node processes (at least 1).
+    #[arg(long)]
+    pub net_threads: Option<usize>,
     /// QUIC connections per lane and peer node: each rank's transfers to other nodes are split
     /// over this many connections (1..=16), so their packet work and crypto use more cores.
     /// Every node of a job must pass the same value.
