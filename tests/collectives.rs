@@ -149,3 +149,36 @@ fn channel_count_out_of_range_is_refused() {
         ),
     ]);
 }
+
+/// A local launch's nodes share the host's cores: without `--net-threads` each node's network
+/// runtime gets its share (the cores over the node count, 1 or 2); the flag still wins.
+#[test]
+fn local_nodes_take_their_share_of_the_cores_for_network_threads() {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let share = (cores / 2).clamp(1, 2);
+    for (flag, want) in [(None, share), (Some("2"), 2)] {
+        let mut args = vec!["bench", "--op", "all-reduce", "--bytes", "1M"];
+        args.extend(["--iters", "2", "--local", "2"]);
+        if let Some(n) = flag {
+            args.extend(["--net-threads", n]);
+        }
+        let out = common::run(
+            &args,
+            &[("RUST_LOG", "wiretrain_comm=info")],
+            Duration::from_secs(120),
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{args:?}: {err}");
+        let said: Vec<&str> = err
+            .lines()
+            .filter(|l| l.contains("network runtime:"))
+            .collect();
+        assert_eq!(said.len(), 2, "one line per node expected: {err}");
+        for l in said {
+            assert!(
+                l.contains(&format!("network runtime: {want} threads")),
+                "{args:?} on {cores} cores: {l}"
+            );
+        }
+    }
+}

@@ -50,8 +50,10 @@ impl Node {
         // Each local rank's inter-node lane (its frame copies, decoding and reductions) runs as
         // a task on this runtime: at least one worker per rank keeps the lanes as parallel as
         // the ranks.
+        let threads = cfg.quic.net_threads.max(cfg.ranks());
+        tracing::info!("network runtime: {threads} threads");
         let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(cfg.quic.net_threads.max(cfg.ranks()))
+            .worker_threads(threads)
             .thread_name("wiretrain-net")
             .enable_all()
             .build()
