@@ -5,8 +5,11 @@
 //! Plain Burn: forward, backward, `ModuleOptimizer::step` (AdamW), read the loss, sync.
 //! wiretrain: `Trainer::step` with DDP at world size 1 (one rank, one node).
 //!
-//! `cargo run --release --example overhead -- [EXAMPLE] [DEVICE] [STEPS] [BATCH]`
-//! (defaults: char-lm cpu 40 32; EXAMPLE: mlp, char-lm; DEVICE: auto, wgpu, wgpu:cpu, cpu)
+//! `cargo run --release --example overhead -- [EXAMPLE] [DEVICE] [STEPS] [BATCH] [FLAGS]`
+//! (defaults: char-lm cpu 40 32; EXAMPLE: mlp, char-lm; DEVICE: auto, wgpu, wgpu:cpu, cpu).
+//! Flags: `--d-model N --layers N` size char-lm (feed-forward 4x wider; `--d-model 256
+//! --layers 4` is 3.2M parameters, `--d-model 512 --layers 8` 25M); `--host-path` runs
+//! wiretrain's DDP on the host path instead of device-resident (for old-against-new figures).
 
 use burn::module::Module;
 use burn::optim::{AdamWConfig, GradientsParams};
@@ -26,8 +29,26 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Removes `--name VALUE` from `args`, parsing the value.
+fn take_flag(args: &mut Vec<String>, name: &str) -> Res<Option<usize>> {
+    let Some(i) = args.iter().position(|a| a == name) else {
+        return Ok(None);
+    };
+    let v = args
+        .get(i + 1)
+        .ok_or(format!("{name} needs a value"))?
+        .parse()?;
+    args.drain(i..i + 2);
+    Ok(Some(v))
+}
+
 fn main() -> Res<()> {
-    let mut args = std::env::args().skip(1);
+    let mut all: Vec<String> = std::env::args().skip(1).collect();
+    let d_model = take_flag(&mut all, "--d-model")?;
+    let layers = take_flag(&mut all, "--layers")?;
+    let host_path = all.iter().any(|a| a == "--host-path");
+    all.retain(|a| a != "--host-path");
+    let mut args = all.into_iter();
     let example: Example = args.next().unwrap_or_else(|| "char-lm".into()).parse()?;
     let spec = args.next().unwrap_or_else(|| "cpu".into()).parse()?;
     let steps: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(40);
@@ -40,8 +61,11 @@ fn main() -> Res<()> {
     ))?;
     let pg = node.take_groups().pop().ok_or("no process group")?;
     let lr = example.default_lr();
-    let cfg = TrainerConfig::builder(Strategy::Ddp).lr(lr).build()?;
-    let (plain, ours) = match example {
+    let cfg = TrainerConfig::builder(Strategy::Ddp)
+        .lr(lr)
+        .device_resident(!host_path)
+        .build()?;
+    let (plain, ours, params) = match example {
         Example::Mlp => {
             let data = Dataset::synthetic(4096, 1);
             let sampler = DistributedSampler::new(data.len(), batch, 1, 0, 1)?;
@@ -58,7 +82,13 @@ fn main() -> Res<()> {
         Example::CharLm => {
             let corpus = Corpus::shipped(64);
             let sampler = DistributedSampler::new(corpus.len(), batch, 1, 0, 1)?;
-            let mc = CharLmConfig::new(corpus.vocab_size());
+            let mut mc = CharLmConfig::new(corpus.vocab_size());
+            if let Some(d) = d_model {
+                mc = mc.with_d_model(d).with_d_ff(4 * d);
+            }
+            if let Some(l) = layers {
+                mc = mc.with_n_layers(l);
+            }
             let trainer = Trainer::new(mc.init(&device, 1), &device, cfg, pg)?;
             let loss = |m: &CharLm, idx: &[usize]| m.loss(&corpus, idx, &device);
             measure(
@@ -72,8 +102,14 @@ fn main() -> Res<()> {
     };
     node.shutdown()?;
     let (p, o) = (median(plain), median(ours));
+    let path = if host_path {
+        "host path"
+    } else {
+        "device-resident"
+    };
     println!(
-        "# {example} on {}; batch {batch}; {steps} steps each, interleaved",
+        "# {example} ({params} parameters) on {}; batch {batch}; {steps} steps each, \
+         interleaved; wiretrain {path}",
         rd.description
     );
     println!("{:>12} {:>12} {:>8}", "burn_ms", "wiretrain_ms", "ratio");
@@ -81,13 +117,15 @@ fn main() -> Res<()> {
     println!(
         "{}",
         serde_json::json!({"example": example.to_string(), "device": rd.description,
-            "batch": batch, "steps": steps, "burn_ms": p, "wiretrain_ms": o, "ratio": o / p})
+            "params": params, "path": path, "batch": batch, "steps": steps, "burn_ms": p,
+            "wiretrain_ms": o, "ratio": o / p})
     );
     Ok(())
 }
 
 /// Runs `steps` steps of plain Burn training of `model` and of `trainer`, alternating, after
-/// 3 warm-up steps of each; returns the step times in ms (plain, wiretrain). Both loops see
+/// 3 warm-up steps of each; returns the step times in ms (plain, wiretrain) and the
+/// parameter count. Both loops see
 /// the same batches and must agree on the loss to 1e-4 relative, so they do the same work.
 fn measure<M: Module>(
     mut model: M,
@@ -95,7 +133,8 @@ fn measure<M: Module>(
     mut sampler: DistributedSampler,
     (steps, lr, device): (usize, f64, &Device),
     loss_fn: impl Fn(&M, &[usize]) -> Tensor<1>,
-) -> Res<(Vec<f64>, Vec<f64>)> {
+) -> Res<(Vec<f64>, Vec<f64>, usize)> {
+    let params = trainer.layout().total();
     // The same AdamW settings as wiretrain's default OptimConfig.
     let mut optim = AdamWConfig::new()
         .with_beta_1(0.9)
@@ -124,5 +163,5 @@ fn measure<M: Module>(
             ours.push(to);
         }
     }
-    Ok((plain, ours))
+    Ok((plain, ours, params))
 }

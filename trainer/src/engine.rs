@@ -11,10 +11,10 @@ use crate::clock::{Phase, StepClock};
 use crate::flat::FlatLayout;
 use crate::optim::ShardOptimizer;
 use crate::strategy::{GradSync, Held, Reach, Stage, SyncCx, sync_for};
+use crate::transfer::{self, DeviceMemory, TransferCounts};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::tensor::{Device, Tensor};
-use serde::Serialize;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -27,62 +27,12 @@ pub use crate::strategy::diloco::Diloco;
 mod ckpt;
 mod config;
 mod heal;
+mod report;
 mod units;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
+pub use report::{MemoryReport, StepReport, hidden_share};
 pub use units::effective_units;
-
-/// Bytes a rank holds for model states (host copies included), as the ZeRO paper counts them.
-#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
-pub struct MemoryReport {
-    pub params_bytes: usize,
-    /// Peak bytes of flattened gradients held by wiretrain during a step.
-    pub grads_bytes: usize,
-    pub optim_bytes: usize,
-}
-
-/// One step's figures.
-#[derive(Debug, Clone, Serialize)]
-pub struct StepReport {
-    /// Mean loss over the global batch (all ranks).
-    pub loss: f32,
-    pub compute_ms: f64,
-    /// Time spent waiting for communication (exposed, not overlapped).
-    pub comm_ms: f64,
-    pub optim_ms: f64,
-    pub step_ms: f64,
-    /// ZeRO-3: the part of `comm_ms` spent waiting for unit all-gathers (0 otherwise).
-    pub gather_ms: f64,
-    /// Bytes this rank sent to other nodes during the step (QUIC frames, headers included).
-    pub sent_bytes: u64,
-    /// Time during the step when this rank's communication thread ran a collective (each
-    /// from its start to its end): the step's communication, hidden or not.
-    pub comm_busy_ms: f64,
-    /// Some rank asked to stop (see [`Trainer::set_stop_flag`]); every rank gets the same
-    /// answer after the same step, so all of them can leave the loop together.
-    pub stop: bool,
-    /// Some rank was asked to regroup (see [`Trainer::set_regroup_flag`]): every rank leaves
-    /// its epoch after this step, alive, for the next one.
-    pub regroup: bool,
-}
-
-impl StepReport {
-    /// The share of the step's communication the rank did not wait for (it computed
-    /// meanwhile); see [`hidden_share`].
-    pub fn hidden_share(&self) -> f64 {
-        hidden_share(self.comm_ms, self.comm_busy_ms)
-    }
-}
-
-/// The share of `busy_ms` of communication that was not among the `waited_ms` a rank spent
-/// waiting for it: 1 − waited / busy, in [0, 1]; 0 without communication.
-pub fn hidden_share(waited_ms: f64, busy_ms: f64) -> f64 {
-    if busy_ms > 0.0 {
-        (1.0 - waited_ms / busy_ms).clamp(0.0, 1.0)
-    } else {
-        0.0
-    }
-}
 
 pub struct Trainer<M: Module> {
     model: Option<M>,
@@ -106,6 +56,12 @@ pub struct Trainer<M: Module> {
     /// `pg.bytes_sent()` and `pg.comm_busy()` when the current step began.
     sent_at_start: u64,
     busy_at_start: Duration,
+    /// This thread's transfer counts when the current step began.
+    xfer_at_start: TransferCounts,
+    /// Device memory readings of the current step.
+    step_mem: DeviceMemory,
+    /// This rank's device (without autodiff).
+    device: Device,
     /// This rank's gradient and loss weight: share · world / global batch (1 with equal
     /// shares), so the mean over ranks is the global-batch mean (see `set_sample_weight`).
     sample_weight: f32,
@@ -153,7 +109,11 @@ impl<M: Module> Trainer<M> {
         let buckets = unit_ranges
             .clone()
             .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
-        let sync = sync_for(cfg.strategy, cfg.diloco, &params);
+        // Device-resident DDP (not under DiLoCo, whose outer step works on the host vector).
+        let resident = cfg.device_resident
+            && cfg.strategy.stage() == Stage::Replicated
+            && cfg.diloco.is_none();
+        let sync = sync_for(cfg.strategy, cfg.diloco, &params, resident);
         let owned = sync.owned(&pg, &buckets, layout.total());
         let mut held = Held {
             owned,
@@ -168,8 +128,7 @@ impl<M: Module> Trainer<M> {
             _ => (layout.unflatten(model, &params), params),
         };
         held.params = params;
-        let kernels = cfg
-            .fused_optimizer
+        let kernels = (cfg.fused_optimizer && !resident)
             .then(|| crate::device::kernels_for(device))
             .flatten();
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels);
@@ -189,6 +148,9 @@ impl<M: Module> Trainer<M> {
             regroup: None,
             sent_at_start: 0,
             busy_at_start: Duration::ZERO,
+            xfer_at_start: TransferCounts::default(),
+            step_mem: DeviceMemory::default(),
+            device: device.clone().inner(),
             sample_weight: 1.0,
             run_id: format!("{:016x}", rand::random::<u64>()),
         };
@@ -239,9 +201,50 @@ impl<M: Module> Trainer<M> {
     }
 
     /// The parameters this rank holds between steps: the full flat vector (identical on every
-    /// rank) for DDP, ZeRO-1 and ZeRO-2; this rank's shard of every unit for ZeRO-3.
-    pub fn params(&self) -> &[f32] {
-        &self.held.params
+    /// rank) for DDP, ZeRO-1 and ZeRO-2; this rank's shard of every unit for ZeRO-3. Under
+    /// device-resident DDP a read of the device when a step changed them.
+    pub fn params(&mut self) -> Result<&[f32], TrainError> {
+        self.sync_host()?;
+        Ok(&self.held.params)
+    }
+
+    /// Whether the parameters live on the device between steps (device-resident DDP: the
+    /// default for DDP outside DiLoCo; see [`TrainerConfigBuilder::device_resident`]).
+    pub fn device_resident(&self) -> bool {
+        self.sync.resident()
+    }
+
+    /// Device-resident DDP: makes the host vector the model's parameters again (one read of
+    /// the device) when a step changed them. Everything that reads `held.params` between
+    /// steps (checkpoints, heals, gathers) calls it first.
+    pub(crate) fn sync_host(&mut self) -> Result<(), TrainError> {
+        if !self.held.host_stale {
+            return Ok(());
+        }
+        let model = self.model.as_ref().expect("model present between steps");
+        self.held.params = self.layout.flatten_params(model);
+        self.held.host_stale = false;
+        Ok(())
+    }
+
+    /// Device-resident DDP: hands the update the model's parameters on the device.
+    fn params_to_update(&mut self, model: &M) {
+        if self.sync.resident() {
+            self.held.dev = self.layout.params_device(model);
+        }
+    }
+
+    /// The model with the parameters the update left: views of the device result
+    /// (device-resident DDP; the host vector is then stale), or the host vector uploaded.
+    fn model_after_update(&mut self, model: M) -> M {
+        if !self.sync.resident() {
+            return self.layout.unflatten(model, &self.held.params);
+        }
+        self.held.host_stale = true;
+        match self.held.dev.take() {
+            Some(p) => self.layout.unflatten_device(model, p),
+            None => model,
+        }
     }
 
     /// The full flat parameter vector on every rank. A collective under ZeRO-3 (every rank
@@ -249,6 +252,7 @@ impl<M: Module> Trainer<M> {
     /// computes with: with a narrow wire dtype, ZeRO-1/2 and hybrid hold the decoded values).
     pub fn gather_params(&mut self) -> Result<Vec<f32>, TrainError> {
         if !self.cfg.strategy.shards_params() {
+            self.sync_host()?;
             return Ok(self.held.params.clone());
         }
         let device_master = self.opt.device_master()?;
@@ -347,7 +351,7 @@ impl<M: Module> Trainer<M> {
             let micro_arg = || serde_json::json!({ "micro": i });
             let fwd = clock.enter(Phase::Compute, "forward").args(micro_arg());
             let loss = loss_fn(&model, i);
-            local_loss += loss.clone().into_scalar::<f32>();
+            local_loss += read_loss(loss.clone())?;
             drop(fwd);
             let _bwd = clock.enter(Phase::Compute, "backward").args(micro_arg());
             let g = GradientsParams::from_grads(loss.backward(), &model);
@@ -359,6 +363,7 @@ impl<M: Module> Trainer<M> {
         }
         let local_loss = local_loss / micro as f32;
         let grads = single.unwrap_or_else(|| acc.grads());
+        self.step_mem.sample(&self.device);
         let grad_scale = 1.0 / micro as f32;
         self.apply_grads(model, grads, grad_scale, local_loss, clock)
     }
@@ -388,10 +393,17 @@ impl<M: Module> Trainer<M> {
             }
             .into());
         }
-        self.sent_at_start = self.pg.bytes_sent();
-        self.busy_at_start = self.pg.comm_busy();
+        self.begin_counters();
         let model = self.model.take().expect("model present between steps");
         Ok((StepClock::since(Instant::now()), model))
+    }
+
+    /// Resets the step's communication, transfer and device-memory counters.
+    fn begin_counters(&mut self) {
+        self.sent_at_start = self.pg.bytes_sent();
+        self.busy_at_start = self.pg.comm_busy();
+        self.xfer_at_start = transfer::counts();
+        self.step_mem = DeviceMemory::default();
     }
 
     /// Sets the learning rate of the following steps (e.g. from a scheduler).
@@ -424,18 +436,21 @@ impl<M: Module> Trainer<M> {
         local_loss: f32,
         clock: StepClock,
     ) -> Result<StepReport, TrainError> {
+        self.params_to_update(&model);
         let (mut cx, sync) = self.sync_cx(&clock);
         let res = sync
             .reduce(&mut cx, &mut grads)
-            .and_then(|grad| sync.update(&mut cx, &grad, grad_scale));
+            .and_then(|grad| sync.update(&mut cx, grad, grad_scale));
         drop(grads);
         if let Err(e) = res {
             // The parameters are those of the last step: the model is kept (a heal goes on).
+            self.held.dev = None;
             self.model = Some(model);
             return Err(e);
         }
+        self.step_mem.sample(&self.device);
         let unflatten = clock.enter(Phase::Compute, "unflatten");
-        let model = self.layout.unflatten(model, &self.held.params);
+        let model = self.model_after_update(model);
         drop(unflatten);
         self.finish_step(model, local_loss, &clock)
     }
@@ -470,6 +485,8 @@ impl<M: Module> Trainer<M> {
         drop(agree);
         let (loss, stop, regroup) = (agreed[0] / world, agreed[1] > 0.0, agreed[2] > 0.0);
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        self.step_mem.sample(&self.device);
+        let moved = transfer::counts() - self.xfer_at_start;
         Ok(StepReport {
             loss,
             compute_ms: ms(clock.total(Phase::Compute)),
@@ -481,8 +498,24 @@ impl<M: Module> Trainer<M> {
             comm_busy_ms: ms(self.pg.comm_busy().saturating_sub(self.busy_at_start)),
             stop,
             regroup,
+            d2h_bytes: moved.d2h_bytes,
+            h2d_bytes: moved.h2d_bytes,
+            device_waits: moved.device_waits,
+            device_mem_bytes: self.step_mem.in_use,
+            device_mem_peak: self.step_mem.peak,
         })
     }
+}
+
+/// Reads a micro-batch's loss (one blocking wait, counted).
+fn read_loss(loss: Tensor<1>) -> Result<f32, TrainError> {
+    transfer::read_scalar(loss).map_err(|reason| {
+        crate::optim::OptimError::ReadBack {
+            what: "the loss".into(),
+            reason,
+        }
+        .into()
+    })
 }
 
 /// Bytes a rank holds for model states under `cfg`'s stage (what [`MemoryReport`] says).

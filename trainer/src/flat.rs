@@ -6,9 +6,10 @@
 //! contiguous ranges (25 MiB by default); shards cut each bucket at element offsets, so shards
 //! are equal within one element per bucket.
 
+use crate::transfer;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::{Device, Tensor, TensorData};
 use std::ops::Range;
 
 /// One parameter's place in the flat vector.
@@ -106,72 +107,151 @@ impl FlatLayout {
             .collect()
     }
 
-    /// The flat copy of the module's current parameter values.
+    /// The flat copy of the module's current parameter values: one device read.
     pub fn flatten_params<M: Module>(&self, module: &M) -> Vec<f32> {
-        struct Read<'a> {
-            out: &'a mut Vec<f32>,
-        }
-        impl ModuleVisitor for Read<'_> {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                let v = param
-                    .val()
-                    .inner()
-                    .try_into_vec_as::<f32>()
-                    .expect("float parameter reads back as f32");
-                self.out.extend_from_slice(&v);
-            }
-        }
-        let mut out = Vec::with_capacity(self.total);
-        module.visit(&mut Read { out: &mut out });
+        let Some(flat) = self.params_device(module) else {
+            return Vec::new();
+        };
+        let out = transfer::read_f32(flat).expect("float parameters read back as f32");
         assert_eq!(out.len(), self.total, "module changed shape after layout");
         out
     }
 
+    /// The module's parameter values as one flat tensor on their device, without autodiff (a
+    /// device copy; nothing crosses to the host). `None` when the module has no element.
+    pub fn params_device<M: Module>(&self, module: &M) -> Option<Tensor<1>> {
+        struct Gather {
+            parts: Vec<Tensor<1>>,
+        }
+        impl ModuleVisitor for Gather {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                let n: usize = param.lazy_shape().iter().product();
+                if n > 0 {
+                    self.parts.push(param.val().inner().reshape([n]));
+                }
+            }
+        }
+        let mut g = Gather { parts: Vec::new() };
+        module.visit(&mut g);
+        cat(g.parts)
+    }
+
     /// Writes gradient elements `range` of the flat vector into `out` (zeros where a parameter
-    /// has no gradient), taking each touched gradient out of `grads`.
+    /// has no gradient), taking each touched gradient out of `grads`: the bucket is put
+    /// together on the device ([`Self::grads_device`]) and read with one blocking wait.
     pub fn flatten_grads(
         &self,
         grads: &mut GradientsParams,
         range: Range<usize>,
+        device: &Device,
         out: &mut Vec<f32>,
     ) {
         out.clear();
-        out.resize(range.len(), 0.0);
+        if range.is_empty() {
+            return;
+        }
+        let t = self.grads_device(grads, range, device);
+        *out = transfer::read_f32(t).expect("gradients read back as f32");
+    }
+
+    /// Gradient elements `range` of the flat vector as one tensor on `device` (zeros where a
+    /// parameter has no gradient), taking each touched gradient out of `grads`; slices and
+    /// one concatenation on the device, nothing crosses to the host. `range` is not empty.
+    pub fn grads_device(
+        &self,
+        grads: &mut GradientsParams,
+        range: Range<usize>,
+        device: &Device,
+    ) -> Tensor<1> {
+        let mut parts = Vec::new();
         for e in &self.entries {
             let r = e.offset.max(range.start)..(e.offset + e.len).min(range.end);
             if r.is_empty() {
                 continue;
             }
-            // A parameter split across buckets is read once, on its first bucket, and kept
-            // whole until its last bucket is done.
-            let Some(v) = grad_vec(grads, e, e.offset + e.len <= range.end) else {
-                continue;
+            // A parameter split across buckets stays in `grads` until its last bucket.
+            let part = match grad_tensor(grads, e, e.offset + e.len <= range.end) {
+                Some(g) if r.len() == e.len => g,
+                Some(g) => g.slice(r.start - e.offset..r.end - e.offset),
+                None => Tensor::zeros([r.len()], device),
             };
-            out[r.start - range.start..r.end - range.start]
-                .copy_from_slice(&v[r.start - e.offset..r.end - e.offset]);
+            parts.push(part);
         }
+        cat(parts).expect("a bucket holds at least one element")
     }
 
-    /// Returns `module` with every float parameter replaced by its slice of `flat`.
+    /// Returns `module` with every float parameter replaced by its slice of `flat`: one
+    /// upload, then slices of it on the device ([`Self::unflatten_device`]).
     pub fn unflatten<M: Module>(&self, module: M, flat: &[f32]) -> M {
         assert_eq!(flat.len(), self.total);
-        struct Write<'a> {
-            flat: &'a [f32],
+        let Some(device) = first_device(&module) else {
+            return module;
+        };
+        let t = transfer::upload(flat.to_vec(), &device.inner());
+        self.unflatten_device(module, t)
+    }
+
+    /// Returns `module` with every float parameter replaced by its slice of `flat`, a flat
+    /// tensor on the module's device: each parameter becomes a view of it (a device copy
+    /// where the slice is not aligned for a view). Nothing crosses to the host.
+    pub fn unflatten_device<M: Module>(&self, module: M, flat: Tensor<1>) -> M {
+        assert_eq!(flat.dims()[0], self.total);
+        struct Write {
+            flat: Tensor<1>,
             at: usize,
         }
-        impl ModuleMapper for Write<'_> {
+        impl ModuleMapper for Write {
             fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
                 let n: usize = param.lazy_shape().iter().product();
-                let vals = self.flat[self.at..self.at + n].to_vec();
+                if n == 0 {
+                    return param;
+                }
+                let part = self.flat.clone().slice(self.at..self.at + n);
                 self.at += n;
-                param.map(|t| {
-                    let shape = t.shape();
-                    replace_values(t, vals, shape)
-                })
+                param.map(|old| like(old, part))
             }
         }
-        module.map(&mut Write { flat, at: 0 })
+        module.map(&mut Write {
+            flat: flat.inner(),
+            at: 0,
+        })
     }
+}
+
+/// `part` (a flat device tensor without autodiff) in `old`'s shape, with its autodiff
+/// association and gradient tracking.
+fn like<const D: usize>(old: Tensor<D>, part: Tensor<1>) -> Tensor<D> {
+    let t: Tensor<D> = part.reshape(old.dims());
+    let t = if old.is_autodiff() { t.autodiff() } else { t };
+    if old.is_require_grad() {
+        t.require_grad()
+    } else {
+        t
+    }
+}
+
+/// The concatenation of `parts` (no copy for one part); `None` for none.
+fn cat(mut parts: Vec<Tensor<1>>) -> Option<Tensor<1>> {
+    match parts.len() {
+        0 => None,
+        1 => parts.pop(),
+        _ => Some(Tensor::cat(parts, 0)),
+    }
+}
+
+/// The device of the module's first float parameter.
+fn first_device<M: Module>(module: &M) -> Option<Device> {
+    struct First(Option<Device>);
+    impl ModuleVisitor for First {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            if self.0.is_none() {
+                self.0 = Some(param.val().device());
+            }
+        }
+    }
+    let mut f = First(None);
+    module.visit(&mut f);
+    f.0
 }
 
 /// A tensor like `old` (device, autodiff tracking) holding `vals` in `shape`.
@@ -188,8 +268,9 @@ fn replace_values<const D: usize>(
     }
 }
 
-/// Reads one parameter's gradient as f32 (D up to 6); `take` removes it from `grads`.
-fn grad_vec(grads: &mut GradientsParams, e: &FlatEntry, take: bool) -> Option<Vec<f32>> {
+/// One parameter's gradient as a flat tensor on its device (D up to 6); `take` removes it
+/// from `grads`.
+fn grad_tensor(grads: &mut GradientsParams, e: &FlatEntry, take: bool) -> Option<Tensor<1>> {
     macro_rules! rank {
         ($d:literal) => {{
             let t: Option<Tensor<$d>> = if take {
@@ -197,10 +278,7 @@ fn grad_vec(grads: &mut GradientsParams, e: &FlatEntry, take: bool) -> Option<Ve
             } else {
                 grads.get::<$d>(e.id)
             };
-            t.map(|t| {
-                t.try_into_vec_as::<f32>()
-                    .expect("gradient reads back as f32")
-            })
+            t.map(|t| t.reshape([e.len]))
         }};
     }
     match e.shape.len() {
@@ -248,4 +326,99 @@ pub fn init_deterministic<M: Module>(module: M, seed: u64) -> M {
     module.map(&mut Init {
         rng: rand::rngs::StdRng::seed_from_u64(seed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::module::Param;
+
+    /// Parameters of awkward sizes: one element, zero elements, and shapes that 4-element
+    /// buckets cut in the middle.
+    #[derive(Module, Debug)]
+    struct Odd {
+        one: Param<Tensor<1>>,
+        empty: Param<Tensor<1>>,
+        mat: Param<Tensor<2>>,
+        vec: Param<Tensor<1>>,
+        cube: Param<Tensor<3>>,
+    }
+
+    fn counting<const D: usize>(shape: [usize; D], device: &Device) -> Tensor<D> {
+        let n: usize = shape.iter().product();
+        let vals: Vec<f32> = (0..n).map(|i| i as f32 + 0.5).collect();
+        Tensor::<D>::from_data(TensorData::new(vals, shape), device)
+    }
+
+    fn odd(device: &Device) -> Odd {
+        Odd {
+            one: Param::from_tensor(counting([1], device)),
+            empty: Param::from_tensor(Tensor::zeros([0], device)),
+            mat: Param::from_tensor(counting([3, 5], device)),
+            vec: Param::from_tensor(counting([7], device)),
+            cube: Param::from_tensor(counting([2, 2, 2], device)),
+        }
+    }
+
+    #[test]
+    fn odd_sizes_flatten_and_unflatten_through_the_device() {
+        let device = Device::flex().autodiff();
+        let m = odd(&device);
+        let layout = FlatLayout::of(&m);
+        assert_eq!(layout.total(), 1 + 15 + 7 + 8);
+        let flat: Vec<f32> = (0..layout.total()).map(|i| -(i as f32)).collect();
+        let before = transfer::counts();
+        let m = layout.unflatten(m, &flat);
+        assert_eq!(
+            (transfer::counts() - before).h2d_bytes,
+            4 * layout.total() as u64,
+            "one upload"
+        );
+        assert_eq!(layout.flatten_params(&m), flat);
+        assert_eq!(m.cube.val().dims(), [2, 2, 2]);
+        assert_eq!(m.empty.val().dims(), [0]);
+        assert!(m.mat.val().is_require_grad());
+        // Device-side: the flat tensor and back, no host in between.
+        let t = layout.params_device(&m).unwrap();
+        let m = layout.unflatten_device(m, t * 2.0);
+        let doubled: Vec<f32> = flat.iter().map(|x| 2.0 * x).collect();
+        assert_eq!(layout.flatten_params(&m), doubled);
+    }
+
+    #[test]
+    fn buckets_that_cut_parameters_gather_each_gradient_once_with_zeros_where_none() {
+        let device = Device::flex().autodiff();
+        let m = odd(&device);
+        let layout = FlatLayout::of(&m);
+        // d loss / d mat = 2, d loss / d cube = 3; `one` and `vec` get no gradient.
+        let loss = m.mat.val().sum() * 2.0 + m.cube.val().sum() * 3.0;
+        let mut grads = GradientsParams::from_grads(loss.backward(), &m);
+        let mut want = vec![0.0f32; 1];
+        want.extend([2.0; 15]);
+        want.extend([0.0; 7]);
+        want.extend([3.0; 8]);
+        let inner = device.clone().inner();
+        let before = transfer::counts();
+        let mut got = Vec::new();
+        let buckets = layout.buckets(4);
+        assert_eq!(
+            buckets.len(),
+            8,
+            "31 elements in buckets of 4: the last holds 3"
+        );
+        for b in &buckets {
+            let mut part = Vec::new();
+            layout.flatten_grads(&mut grads, b.clone(), &inner, &mut part);
+            assert_eq!(part.len(), b.len());
+            got.extend(part);
+        }
+        assert_eq!(got, want);
+        let moved = transfer::counts() - before;
+        assert_eq!(moved.d2h_bytes, 4 * 31);
+        assert_eq!(moved.device_waits, 8, "one wait per bucket");
+        assert!(
+            grads.is_empty(),
+            "every gradient is taken by its last bucket"
+        );
+    }
 }

@@ -60,6 +60,7 @@ pub mod run;
 pub mod signal;
 pub mod strategy;
 pub mod trace;
+pub mod transfer;
 pub mod units;
 
 pub use engine::{MemoryReport, StepReport, TrainError, Trainer, TrainerConfig};

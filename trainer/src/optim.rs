@@ -11,6 +11,7 @@
 //! Checkpoints see the same state names as Burn's AdamW, so a run can resume on either path.
 
 use crate::checkpoint::ScalarValue;
+use crate::transfer;
 use burn::optim::AdaptiveMomentumState;
 use burn::optim::momentum::MomentumConfig;
 use burn::optim::{
@@ -52,6 +53,10 @@ pub enum OptimError {
     /// The step count does not fit the fused kernel's counter.
     #[error("optimizer step count {0} is out of range")]
     StepCount(usize),
+    /// The fused kernel steps wiretrain's own buffers, not a device tensor (build the
+    /// optimizer without kernels for the device-resident path).
+    #[error("the fused AdamW cannot step a device tensor; build the optimizer without kernels")]
+    FusedOnDevice,
 }
 
 /// The optimizer a run uses.
@@ -275,9 +280,36 @@ impl ShardOptimizer {
         } else {
             grads.iter().map(|x| x * opts.grad_scale).collect()
         };
-        let p = Tensor::<1>::from_data(TensorData::new(params.to_vec(), [self.len]), &self.device);
-        let g = Tensor::<1>::from_data(TensorData::new(g, [self.len]), &self.device);
-        let out = match &mut self.kind {
+        let p = transfer::upload(params.to_vec(), &self.device);
+        let g = transfer::upload(g, &self.device);
+        let out = self.burn_step(lr, p, g)?;
+        let v = transfer::read_f32(out).map_err(|reason| OptimError::ReadBack {
+            what: "the optimizer output".into(),
+            reason,
+        })?;
+        params.copy_from_slice(&v);
+        Ok(())
+    }
+
+    /// The device-resident step: `params` and `grad` (scaled by `scale` first) are flat
+    /// tensors of `len` elements on this optimizer's device; returns the updated parameters
+    /// there. Burn's AdamW or SGD: nothing crosses to the host.
+    pub fn step_device(
+        &mut self,
+        lr: f64,
+        params: Tensor<1>,
+        grad: Tensor<1>,
+        scale: f32,
+    ) -> Result<Tensor<1>, OptimError> {
+        assert_eq!(params.dims()[0], self.len);
+        assert_eq!(grad.dims()[0], self.len);
+        let g = if scale == 1.0 { grad } else { grad * scale };
+        self.burn_step(lr, params, g)
+    }
+
+    /// One step of Burn's optimizer on device tensors.
+    fn burn_step(&mut self, lr: f64, p: Tensor<1>, g: Tensor<1>) -> Result<Tensor<1>, OptimError> {
+        Ok(match &mut self.kind {
             Kind::AdamW(b) => {
                 let (opt, state) = &mut **b;
                 let (t, s) = opt.step(lr, p, g, state.take());
@@ -290,16 +322,13 @@ impl ShardOptimizer {
                 *state = s;
                 t
             }
-            Kind::Fused(..) => unreachable!("handled above"),
-        };
-        let v = out
-            .try_into_vec_as::<f32>()
-            .map_err(|reason| OptimError::ReadBack {
-                what: "the optimizer output".into(),
-                reason,
-            })?;
-        params.copy_from_slice(&v);
-        Ok(())
+            Kind::Fused(..) => return Err(OptimError::FusedOnDevice),
+        })
+    }
+
+    /// The device this optimizer steps on (without autodiff).
+    pub fn device(&self) -> &Device {
+        &self.device
     }
 
     /// Replaces the master (after an outer step changed the parameters): the fused path
@@ -463,9 +492,11 @@ impl Fused {
         let n = params.len();
         if self.shard.is_none() {
             let mut shard = k.adamw_shard(params)?;
+            transfer::note_write(4 * n);
             if let Some((m, v, t)) = self.pending.take() {
                 k.write(shard.m(), &m)?;
                 k.write(shard.v(), &v)?;
+                transfer::note_write(8 * n);
                 shard.t = t;
             }
             self.shard = Some(shard);
@@ -479,6 +510,7 @@ impl Fused {
             _ => k.zeros(n)?,
         };
         k.write(&raw, grads)?;
+        transfer::note_write(4 * n);
         // The gradient as the step reads it: scaled on the device (reduce of one buffer).
         k.reduce(&[&raw], &grad, n, opts.grad_scale)?;
         let shard = self.shard.as_mut().expect("created above");
@@ -493,6 +525,7 @@ impl Fused {
             Some(h) => {
                 let packed = k.cast_to_half(h, shard.param(), n)?;
                 let words: Vec<u32> = k.read(&packed, n.div_ceil(2))?;
+                transfer::note_read(4 * n.div_ceil(2));
                 // The same decode the wire uses (two little-endian halves per word).
                 let bytes: &[u8] = bytemuck::cast_slice(&words);
                 let wire = match h {
@@ -506,7 +539,10 @@ impl Fused {
                     wiretrain_comm::codec::Apply::Set,
                 );
             }
-            None => params.copy_from_slice(&k.read::<f32>(shard.param(), n)?),
+            None => {
+                params.copy_from_slice(&k.read::<f32>(shard.param(), n)?);
+                transfer::note_read(4 * n);
+            }
         }
         self.grad_raw = Some(raw);
         self.grad = Some(grad);

@@ -103,6 +103,10 @@ pub struct TrainArgs {
     /// devices (for comparisons; the math is the same).
     #[arg(long)]
     pub no_fused_optimizer: bool,
+    /// DDP on the host path: gradients, parameters and the optimizer go through host memory
+    /// every step (the path before device-resident DDP; for comparisons).
+    #[arg(long)]
+    pub host_path: bool,
     /// Write a PNG plot of loss and throughput here (default: the metrics path with .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,

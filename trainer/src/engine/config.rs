@@ -65,6 +65,7 @@ pub struct TrainerConfig {
     pub(super) prefetch: usize,
     pub(super) wire: WireDtype,
     pub(super) fused_optimizer: bool,
+    pub(super) device_resident: bool,
     pub(super) overlap: Overlap,
     pub(super) diloco: Option<Diloco>,
     pub(super) checkpoint_timeout: Duration,
@@ -73,7 +74,8 @@ pub struct TrainerConfig {
 
 impl TrainerConfig {
     /// The defaults for `strategy`: AdamW at lr 1e-3, 25 MiB buckets, prefetch 1, f32 on the
-    /// wire, the fused optimizer, overlap `auto`, no DiLoCo, a 600 s checkpoint timeout.
+    /// wire, device-resident DDP, the fused optimizer elsewhere, overlap `auto`, no DiLoCo, a 600 s
+    /// checkpoint timeout.
     pub fn new(strategy: Strategy) -> Self {
         Self {
             strategy,
@@ -83,6 +85,7 @@ impl TrainerConfig {
             prefetch: 1,
             wire: WireDtype::F32,
             fused_optimizer: true,
+            device_resident: true,
             overlap: Overlap::Auto,
             diloco: None,
             checkpoint_timeout: Duration::from_secs(600),
@@ -130,6 +133,11 @@ impl TrainerConfig {
 
     pub fn fused_optimizer(&self) -> bool {
         self.fused_optimizer
+    }
+
+    /// Whether DDP keeps the parameters on the device (see the builder's method).
+    pub fn device_resident(&self) -> bool {
+        self.device_resident
     }
 
     /// Whether unit models overlap gradient reductions with backward ([`Overlap`]).
@@ -185,6 +193,12 @@ impl TrainerConfigBuilder {
         /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
         /// device) instead of Burn's tensor ops. Same math; off for comparisons.
         fused_optimizer(on: bool);
+        /// DDP (outside DiLoCo) keeps the parameters and the optimizer state on the rank's
+        /// device: each gradient bucket is read once, the reduced gradient is written once,
+        /// Burn's optimizer steps on the device and no parameter is read back; at world 1
+        /// only the loss leaves the device. On by default; off gives the host path (the fused
+        /// AdamW on a wgpu device), for comparisons.
+        device_resident(on: bool);
         /// Unit models under DDP, ZeRO-1/2 and hybrid: reduce each unit's gradient while the
         /// backward of the units before it runs ([`Overlap`]; `auto` by default).
         overlap(overlap: Overlap);

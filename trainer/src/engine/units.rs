@@ -23,11 +23,11 @@ use super::{Overlap, TrainError, Trainer, TrainerConfig};
 use crate::clock::{Phase, StepClock};
 use crate::error::ConfigError;
 use crate::flat::{FlatEntry, FlatLayout};
-use crate::strategy::Reach;
+use crate::strategy::{Grad, Reach};
 use crate::units::{Act, Units};
 use burn::module::{Module, ModuleMapper, Param};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Gradients, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Tensor};
 use std::collections::VecDeque;
 use std::ops::Range;
 use std::time::Instant;
@@ -90,18 +90,19 @@ pub fn effective_units(ranges: &[Range<usize>]) -> f64 {
 }
 
 /// Writes `values` (the unit's full flat parameters) into the module, or, with `None`, frees
-/// the unit: each parameter becomes a one-element placeholder (same id, same rank).
+/// the unit: each parameter becomes a one-element placeholder (same id, same rank). The
+/// values go up once (one upload for the unit); each parameter is a slice of it on the device.
 fn set_unit<M: Module>(
     model: M,
     layout: &FlatLayout,
     unit: &Range<usize>,
-    values: Option<&[f32]>,
+    values: Option<(&[f32], &Device)>,
 ) -> M {
     struct Set<'a> {
         entries: &'a [FlatEntry],
         index: usize,
         unit: &'a Range<usize>,
-        values: Option<&'a [f32]>,
+        values: Option<Tensor<1>>,
     }
     impl ModuleMapper for Set<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
@@ -110,15 +111,18 @@ fn set_unit<M: Module>(
             if !(e.offset >= self.unit.start && e.offset + e.len <= self.unit.end) || e.len == 0 {
                 return param;
             }
-            let (vals, shape) = match self.values {
-                Some(v) => (
-                    v[e.offset - self.unit.start..e.offset - self.unit.start + e.len].to_vec(),
-                    e.shape.clone(),
-                ),
-                None => (vec![0.0], vec![1; D]),
-            };
+            let at = e.offset - self.unit.start;
+            let values = self.values.clone();
             param.map(|t| {
-                let fresh = Tensor::<D>::from_data(TensorData::new(vals, shape), &t.device());
+                let fresh: Tensor<D> = match values {
+                    Some(v) => v.slice(at..at + e.len).reshape(dims::<D>(&e.shape)),
+                    None => Tensor::zeros([1; D], &t.device().inner()),
+                };
+                let fresh = if t.is_autodiff() {
+                    fresh.autodiff()
+                } else {
+                    fresh
+                };
                 if t.is_require_grad() {
                     fresh.require_grad()
                 } else {
@@ -127,12 +131,20 @@ fn set_unit<M: Module>(
             })
         }
     }
+    let values = values.map(|(v, device)| crate::transfer::upload(v.to_vec(), device));
     model.map(&mut Set {
         entries: layout.entries(),
         index: 0,
         unit,
         values,
     })
+}
+
+/// `shape` as the dimensions of a rank-`D` tensor (the layout recorded it from one).
+fn dims<const D: usize>(shape: &[usize]) -> [usize; D] {
+    let mut d = [1; D];
+    d.copy_from_slice(shape);
+    d
 }
 
 /// Frees every unit (the module at rest under ZeRO-3).
@@ -201,8 +213,7 @@ impl<M: Units> Trainer<M> {
             });
         }
         let clock = StepClock::since(Instant::now());
-        self.sent_at_start = self.pg.bytes_sent();
-        self.busy_at_start = self.pg.comm_busy();
+        self.begin_counters();
         let pass = Pass {
             units: self.held.buckets.clone(),
             sharded,
@@ -218,6 +229,7 @@ impl<M: Units> Trainer<M> {
         let (model, loss) = match self.unit_pass(model, input, loss_fn, &pass) {
             Ok(v) => v,
             Err(e) => {
+                self.held.dev = None;
                 self.model = Some(kept);
                 return Err(e);
             }
@@ -226,7 +238,7 @@ impl<M: Units> Trainer<M> {
             model
         } else {
             let _u = clock.enter(Phase::Compute, "unflatten");
-            self.layout.unflatten(model, &self.held.params)
+            self.model_after_update(model)
         };
         self.finish_step(model, loss, &clock)
     }
@@ -247,8 +259,12 @@ impl<M: Units> Trainer<M> {
         let clock = pass.clock;
         let waited = clock.total(Phase::Comm) + clock.total(Phase::Gather);
         clock.add(Phase::Compute, clock.elapsed().saturating_sub(waited));
+        if !pass.sharded {
+            self.params_to_update(&model);
+        }
+        self.step_mem.sample(&self.device);
         let (mut cx, sync) = self.sync_cx(clock);
-        sync.update(&mut cx, &grad, 1.0)?;
+        sync.update(&mut cx, Grad::Host(grad), 1.0)?;
         Ok((model, loss))
     }
 
@@ -270,7 +286,12 @@ impl<M: Units> Trainer<M> {
         debug_assert_eq!(gu, u);
         let full = timed(p.clock, Phase::Gather, w)?;
         let _s = crate::trace::span(format!("load unit {u}"), "compute");
-        Ok(set_unit(model, &self.layout, &p.units[u], Some(&full)))
+        Ok(set_unit(
+            model,
+            &self.layout,
+            &p.units[u],
+            Some((&full, &self.device)),
+        ))
     }
 
     /// Stage 3: issues the gathers of `g`'s order up to its first `count` units.
@@ -338,7 +359,7 @@ impl<M: Units> Trainer<M> {
         let _fwd = crate::trace::span(format!("forward unit {}", n - 1), "compute");
         let last_leaf = x.fresh_leaf();
         let loss = loss_fn(model.forward_unit(n - 1, last_leaf.clone()));
-        let value = loss.clone().into_scalar::<f32>();
+        let value = super::read_loss(loss.clone())?;
         let fw = Forwarded {
             saved,
             last_leaf,
@@ -402,7 +423,7 @@ impl<M: Units> Trainer<M> {
             let mut gp = GradientsParams::from_grads(grads.take().expect("a backward ran"), &model);
             let mut flat = Vec::new();
             self.layout
-                .flatten_grads(&mut gp, p.units[u].clone(), &mut flat);
+                .flatten_grads(&mut gp, p.units[u].clone(), &self.device, &mut flat);
             crate::strategy::weigh(&mut flat, self.sample_weight);
             drop(gp);
             drop(sf);

@@ -20,8 +20,9 @@ pub(super) struct Record {
     t_iter: Instant,
     points: Vec<PlotPoint>,
     /// Per step: step, compute, comm, optim ms, sent bytes, gather ms, comm busy ms, hidden
-    /// share.
-    split: Vec<[f64; 8]>,
+    /// share, bytes device to host, host to device, device waits, device memory in use and
+    /// its peak in the step (NaN: not reported).
+    split: Vec<[f64; SPLIT]>,
     comm_total: f64,
     /// Wall-clock time (ms since the Unix epoch) the first step of this process ended.
     first_step_unix_ms: Option<u64>,
@@ -139,6 +140,11 @@ impl Record {
             rep.gather_ms,
             rep.comm_busy_ms,
             rep.hidden_share(),
+            rep.d2h_bytes as f64,
+            rep.h2d_bytes as f64,
+            rep.device_waits as f64,
+            rep.device_mem_bytes.map_or(f64::NAN, |b| b as f64),
+            rep.device_mem_peak.map_or(f64::NAN, |b| b as f64),
         ]);
         if let Some(o) = self.out.as_mut() {
             let line = serde_json::json!({
@@ -155,6 +161,12 @@ impl Record {
                 // the share of that the rank computed through instead of waiting.
                 "comm_busy_ms": rep.comm_busy_ms,
                 "hidden_share": rep.hidden_share(),
+                // Rank 0's traffic with its device (see wiretrain::transfer).
+                "d2h_bytes": rep.d2h_bytes,
+                "h2d_bytes": rep.h2d_bytes,
+                "device_waits": rep.device_waits,
+                "device_mem_bytes": rep.device_mem_bytes,
+                "device_mem_peak": rep.device_mem_peak,
                 "shares": shares,
                 // The whole loop iteration on the leader: the step plus anything between steps.
                 "wall_ms": self.t_iter.elapsed().as_secs_f64() * 1e3,
@@ -198,6 +210,10 @@ impl Record {
             mem.optim_bytes as u64,
             crate::rss::peak_rss_bytes().unwrap_or(0),
             crate::heap::peak_bytes().unwrap_or(0) as u64,
+            median(&self.split, D2H) as u64,
+            median(&self.split, H2D) as u64,
+            median(&self.split, WAITS) as u64,
+            peak_device(&self.split),
         ];
         let per_rank = gather_memory(trainer.process_group(), mine)?;
         let full_params = match &run.save_params {
@@ -369,27 +385,52 @@ fn progress_bar(steps: usize, show: bool) -> ProgressBar {
     bar
 }
 
-/// Medians of the per-step time split (the first step, which compiles kernels, is left out
-/// when there are more).
-fn medians(reports: &[[f64; 8]]) -> serde_json::Value {
+/// Columns of a step's split (see `Record::split`).
+const SPLIT: usize = 13;
+const D2H: usize = 8;
+const H2D: usize = 9;
+const WAITS: usize = 10;
+const DEV_MEM: usize = 11;
+const DEV_PEAK: usize = 12;
+
+/// The median of column `k` of the split (the first step, which compiles kernels, is left
+/// out when there are more); NaN values sort last.
+fn median(reports: &[[f64; SPLIT]], k: usize) -> f64 {
     let skip = usize::from(reports.len() > 1);
-    let med = |k: usize| {
-        let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
+    let mut v: Vec<f64> = reports[skip..].iter().map(|r| r[k]).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// The highest device-memory reading of the run (0: the backend reports none).
+fn peak_device(reports: &[[f64; SPLIT]]) -> u64 {
+    reports
+        .iter()
+        .map(|r| r[DEV_PEAK])
+        .filter(|v| v.is_finite())
+        .fold(0.0, f64::max) as u64
+}
+
+/// Medians of the per-step split (device memory: null where the backend reports none).
+fn medians(reports: &[[f64; SPLIT]]) -> serde_json::Value {
+    let med = |k: usize| median(reports, k);
+    let opt = |k: usize| Some(med(k)).filter(|v| v.is_finite());
     serde_json::json!({
         "step_ms": med(0), "compute_ms": med(1), "comm_ms": med(2), "optim_ms": med(3),
         "sent_bytes": med(4), "gather_ms": med(5), "comm_busy_ms": med(6),
-        "hidden_share": med(7),
+        "hidden_share": med(7), "d2h_bytes": med(D2H), "h2d_bytes": med(H2D),
+        "device_waits": med(WAITS), "device_mem_bytes": opt(DEV_MEM),
+        "device_mem_peak": opt(DEV_PEAK),
     })
 }
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps, peak live heap
-/// bytes of its process during the steps (0: not counted)] bytes, in rank order.
+/// bytes of its process during the steps (0: not counted)] bytes, its median bytes to and
+/// from its device and device waits per step, and its device's peak memory in use (0: not
+/// reported), in rank order.
 fn gather_memory(
     pg: &mut wiretrain_comm::ProcessGroup,
-    mine: [u64; 5],
+    mine: [u64; 9],
 ) -> Result<Vec<serde_json::Value>, wiretrain_comm::Error> {
     let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
     let all = pg.all_gather_bytes(&bytes)?;
@@ -410,6 +451,10 @@ fn gather_memory(
                 "model_state_bytes": at(0) + at(1) + at(2),
                 "peak_rss_bytes": at(3),
                 "peak_heap_bytes": Some(at(4)).filter(|&h| h > 0),
+                "d2h_bytes_per_step": at(5),
+                "h2d_bytes_per_step": at(6),
+                "device_waits_per_step": at(7),
+                "device_mem_peak": Some(at(8)).filter(|&b| b > 0),
             })
         })
         .collect())

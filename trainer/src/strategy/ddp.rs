@@ -1,9 +1,14 @@
 //! Stage 0, DDP: every rank owns the whole flat vector; each gradient bucket's mean
 //! all-reduce is in flight while the next bucket is flattened, then every rank runs the same
 //! optimizer step on everything.
+//!
+//! Device-resident (`resident`, the default outside DiLoCo): each bucket is put together on
+//! the device and read once; the reduced gradient goes up once; the optimizer steps the
+//! parameters on the device and the model's parameters become views of its result, so no
+//! parameter crosses to the host. At world 1 not even the gradient does.
 
 use super::Reach;
-use super::sync::{GradSync, Reduced, SyncCx, weigh};
+use super::sync::{Grad, GradSync, Reduced, SyncCx, weigh};
 use crate::clock::Phase;
 use crate::error::TrainError;
 use crate::optim::StepOpts;
@@ -14,6 +19,20 @@ use wiretrain_comm::{ProcessGroup, WireDtype, Work};
 /// The replicated sync; `reach` is the world, or the node alone under DiLoCo.
 pub(crate) struct Replicated {
     pub reach: Reach,
+    /// The parameters live on the device (see the module doc).
+    pub resident: bool,
+}
+
+impl Replicated {
+    /// World 1, device-resident: the gradient stays on the device (one concatenation of the
+    /// parameters' gradients), weighed there.
+    fn reduce_on_device(&self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
+        let _f = cx.clock.enter(Phase::Compute, "flatten");
+        let all = 0..cx.layout.total();
+        let g = cx.layout.grads_device(grads, all, cx.opt.device());
+        let w = cx.sample_weight;
+        Ok(Grad::Device(if w == 1.0 { g } else { g * w }))
+    }
 }
 
 impl GradSync for Replicated {
@@ -22,12 +41,16 @@ impl GradSync for Replicated {
     }
 
     fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
+        if self.resident && cx.pg.world() == 1 && cx.layout.total() > 0 {
+            return self.reduce_on_device(cx, grads);
+        }
         let held = &*cx.held;
         let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
         let issue = cx.clock.enter(Phase::Compute, "flatten+issue");
         for b in &held.buckets {
             let mut flat = Vec::new();
-            cx.layout.flatten_grads(grads, b.clone(), &mut flat);
+            cx.layout
+                .flatten_grads(grads, b.clone(), cx.opt.device(), &mut flat);
             weigh(&mut flat, cx.sample_weight);
             works.push((b.clone(), self.reach.all_reduce(cx.pg, cx.wire, flat)));
         }
@@ -37,7 +60,7 @@ impl GradSync for Replicated {
             let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
             full[b].copy_from_slice(&w.wait()?);
         }
-        Ok(full)
+        Ok(Grad::Host(full))
     }
 
     fn issue(&self, cx: &mut SyncCx<'_>, flat: Vec<f32>) -> Work<Vec<f32>> {
@@ -48,19 +71,33 @@ impl GradSync for Replicated {
         grad[cx.held.buckets[b].clone()].copy_from_slice(buf);
     }
 
-    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: Grad, scale: f32) -> Result<(), TrainError> {
         let _s = cx.clock.enter(Phase::Optim, "optimizer");
+        if self.resident {
+            // An empty model has no parameters on the device: nothing to step.
+            if let Some(params) = cx.held.dev.take() {
+                let g = grad.into_device(cx.opt.device());
+                cx.held.dev = Some(cx.opt.step_device(cx.lr, params, g, scale)?);
+            }
+            cx.held.optimizer_steps += 1;
+            return Ok(());
+        }
         // The micro-batch mean is taken in the step (on the device when fused).
         let opts = StepOpts {
             grad_scale: scale,
             readback: WireDtype::F32,
         };
-        cx.opt.step_with(cx.lr, &mut cx.held.params, grad, opts)?;
+        let grad = grad.into_host()?;
+        cx.opt.step_with(cx.lr, &mut cx.held.params, &grad, opts)?;
         cx.held.optimizer_steps += 1;
         Ok(())
     }
 
     fn refresh(&mut self, _: &mut SyncCx<'_>) -> Result<(), TrainError> {
         Ok(())
+    }
+
+    fn resident(&self) -> bool {
+        self.resident
     }
 }

@@ -4,7 +4,7 @@
 //! outer Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m).
 
 use super::Strategy;
-use super::sync::{GradSync, Reduced, SyncCx};
+use super::sync::{Grad, GradSync, Reduced, SyncCx};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
 use burn::optim::GradientsParams;
@@ -167,7 +167,7 @@ impl GradSync for DilocoSync {
         self.inner.place(cx, b, buf, grad)
     }
 
-    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: Grad, scale: f32) -> Result<(), TrainError> {
         // An inner step counts when the optimizer stepped, as `optimizer_steps` does (a
         // gather after it may still fail).
         let before = cx.held.optimizer_steps;

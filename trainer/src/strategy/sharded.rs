@@ -9,7 +9,7 @@
 //! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::units`) reduces
 //!   through the same [`Reach`], and this sync only steps the shard.
 
-use super::sync::{GradSync, Reduced, SyncCx, weigh};
+use super::sync::{Grad, GradSync, Reduced, SyncCx, weigh};
 use super::{Reach, Stage, Strategy};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
@@ -90,7 +90,8 @@ impl GradSync for Sharded {
         for (i, b) in cx.held.buckets.clone().into_iter().enumerate() {
             let flatten = cx.clock.enter(Phase::Compute, "flatten bucket");
             let mut flat = Vec::new();
-            cx.layout.flatten_grads(grads, b, &mut flat);
+            cx.layout
+                .flatten_grads(grads, b, cx.opt.device(), &mut flat);
             weigh(&mut flat, cx.sample_weight);
             drop(flatten);
             let issue = cx.clock.enter(Phase::Comm, "issue reduce");
@@ -103,7 +104,7 @@ impl GradSync for Sharded {
             }
         }
         self.wait_place(cx, pending.drain(..), &mut gshard)?;
-        Ok(gshard)
+        Ok(Grad::Host(gshard))
     }
 
     fn issue(&self, cx: &mut SyncCx<'_>, flat: Vec<f32>) -> Work<Vec<f32>> {
@@ -115,7 +116,8 @@ impl GradSync for Sharded {
             .take_share(cx.pg, buf, &mut grad[cx.held.owned_at(b)]);
     }
 
-    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError> {
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: Grad, scale: f32) -> Result<(), TrainError> {
+        let grad = grad.into_host()?;
         // Only the gathered (wire-rounded) values leave the optimizer: when fused, the f32
         // master stays on the device and the cast kernel narrows the read-back.
         let opts = StepOpts {
@@ -138,7 +140,7 @@ impl GradSync for Sharded {
             &mut cx.held.master
         };
         let optim = cx.clock.enter(Phase::Optim, "optimizer");
-        cx.opt.step_with(cx.lr, target, grad, opts)?;
+        cx.opt.step_with(cx.lr, target, &grad, opts)?;
         cx.held.optimizer_steps += 1;
         drop(optim);
         if self.stage == Stage::Parameters {

@@ -7,7 +7,9 @@ use crate::clock::StepClock;
 use crate::error::TrainError;
 use crate::flat::FlatLayout;
 use crate::optim::ShardOptimizer;
+use crate::transfer;
 use burn::optim::GradientsParams;
+use burn::tensor::{Device, Tensor};
 use std::ops::Range;
 use wiretrain_comm::{ProcessGroup, WireDtype, Work};
 
@@ -27,6 +29,12 @@ pub(crate) struct Held {
     /// Optimizer steps applied to the owned elements (counted when the optimizer has
     /// stepped, before any gather after it: what a heal compares).
     pub optimizer_steps: usize,
+    /// Device-resident DDP, during a step's update: the flat parameters on the device (the
+    /// model's, taken before the update; the optimizer's result after it). `None` otherwise.
+    pub dev: Option<Tensor<1>>,
+    /// Device-resident DDP: `params` lags the model's parameters, which live on the device
+    /// (read back on demand: `Trainer::sync_host`).
+    pub host_stale: bool,
 }
 
 impl Held {
@@ -66,8 +74,39 @@ pub(crate) struct SyncCx<'a> {
     pub held: &'a mut Held,
 }
 
-/// A sync's reduction: the mean gradient over this rank's owned elements, concatenated.
-pub(crate) type Reduced = Result<Vec<f32>, TrainError>;
+/// A reduced gradient: the mean over this rank's owned elements, concatenated; on the host
+/// (what a collective returns) or on the device (device-resident DDP at world 1).
+pub(crate) enum Grad {
+    Host(Vec<f32>),
+    Device(Tensor<1>),
+}
+
+impl Grad {
+    /// The gradient on the host (one blocking read when it is on the device).
+    pub fn into_host(self) -> Result<Vec<f32>, TrainError> {
+        match self {
+            Self::Host(v) => Ok(v),
+            Self::Device(t) => transfer::read_f32(t).map_err(|reason| {
+                crate::optim::OptimError::ReadBack {
+                    what: "the reduced gradient".into(),
+                    reason,
+                }
+                .into()
+            }),
+        }
+    }
+
+    /// The gradient on `device` (one upload when it is on the host).
+    pub fn into_device(self, device: &Device) -> Tensor<1> {
+        match self {
+            Self::Host(v) => transfer::upload(v, device),
+            Self::Device(t) => t,
+        }
+    }
+}
+
+/// A sync's reduction (see [`Grad`]).
+pub(crate) type Reduced = Result<Grad, TrainError>;
 
 /// How a strategy communicates gradients and updates the parameters it owns.
 pub(crate) trait GradSync: Send {
@@ -88,8 +127,15 @@ pub(crate) trait GradSync: Send {
     fn place(&self, cx: &SyncCx<'_>, b: usize, buf: &[f32], grad: &mut [f32]);
 
     /// Steps the optimizer on the owned elements with `grad` (scaled by `scale`) and
-    /// brings `cx.held.params` up to date.
-    fn update(&mut self, cx: &mut SyncCx<'_>, grad: &[f32], scale: f32) -> Result<(), TrainError>;
+    /// brings `cx.held.params` up to date (device-resident DDP: `cx.held.dev`).
+    fn update(&mut self, cx: &mut SyncCx<'_>, grad: Grad, scale: f32) -> Result<(), TrainError>;
+
+    /// Whether this sync keeps the parameters on the device (device-resident DDP): the
+    /// trainer then hands the update the model's parameters in `held.dev` and takes the
+    /// result from there.
+    fn resident(&self) -> bool {
+        false
+    }
 
     /// After a checkpoint load: makes `cx.held.params` what a step's gather would give from
     /// the owned masters (a collective for the sharded strategies).
@@ -121,15 +167,17 @@ pub(crate) trait GradSync: Send {
 
 /// The sync of `strategy`, wrapped in DiLoCo when `diloco` is set (then `params` is where its
 /// first round starts). The configuration's builder has checked the pair.
+/// `resident`: DDP keeps the parameters on the device (DiLoCo's inner DDP does not).
 pub(crate) fn sync_for(
     strategy: Strategy,
     diloco: Option<Diloco>,
     params: &[f32],
+    resident: bool,
 ) -> Box<dyn GradSync> {
     let Some(d) = diloco else {
         let reach = Reach::of(strategy.scope());
         return match strategy.stage() {
-            Stage::Replicated => Box::new(Replicated { reach }),
+            Stage::Replicated => Box::new(Replicated { reach, resident }),
             stage => Box::new(Sharded { stage, reach }),
         };
     };
@@ -138,6 +186,7 @@ pub(crate) fn sync_for(
     let inner: Box<dyn GradSync> = match strategy.stage() {
         Stage::Replicated => Box::new(Replicated {
             reach: Reach::NodeOnly,
+            resident: false,
         }),
         _ => Box::new(Sharded {
             stage: Stage::Gradients,

@@ -1,0 +1,189 @@
+//! Host <-> device bandwidth of the three ways bytes can cross, measured in one run on one
+//! device: the per-tensor path wiretrain used before its transfer engine (one blocking
+//! `into_data` per tensor; one `from_data` per tensor), the engine (`wiretrain::transfer`: one
+//! batched read of every tensor, one upload), and raw wgpu staging through wiretrain's own
+//! kernels' buffers (a wgpu device only). Each size is cut into `TENSORS` tensors, as a model's
+//! gradients are; GB/s = bytes / median time (GB = 1e9 bytes), after one warm-up round.
+//!
+//! `cargo run --release --example transfer_bench -- [DEVICE] [SIZES] [TENSORS] [ROUNDS]`
+//! (defaults: auto 1M,16M,64M,256M 64 5). Prints a table, then one JSON object per row.
+//! lavapipe binds at most 128 MiB: pass smaller sizes there.
+
+use burn::tensor::{Device, Distribution, Tensor, TensorData};
+use std::time::{Duration, Instant};
+use wiretrain::transfer;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+fn parse_size(s: &str) -> Res<usize> {
+    let (n, mul) = match s.as_bytes().last() {
+        Some(b'K') => (&s[..s.len() - 1], 1 << 10),
+        Some(b'M') => (&s[..s.len() - 1], 1 << 20),
+        Some(b'G') => (&s[..s.len() - 1], 1 << 30),
+        _ => (s, 1),
+    };
+    Ok(n.parse::<usize>()? * mul)
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+/// Times `f` `rounds` times after one warm-up; the median.
+fn time(rounds: usize, mut f: impl FnMut() -> Res<()>) -> Res<Duration> {
+    f()?;
+    let mut v = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        f()?;
+        v.push(t.elapsed());
+    }
+    Ok(median(v))
+}
+
+struct Row {
+    op: &'static str,
+    path: &'static str,
+    bytes: usize,
+    t: Duration,
+}
+
+fn main() -> Res<()> {
+    let mut args = std::env::args().skip(1);
+    let spec = args.next().unwrap_or_else(|| "auto".into()).parse()?;
+    let sizes: Vec<usize> = args
+        .next()
+        .unwrap_or_else(|| "1M,16M,64M,256M".into())
+        .split(',')
+        .map(parse_size)
+        .collect::<Res<_>>()?;
+    let tensors: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(64);
+    let rounds: usize = args.next().map(|s| s.parse()).transpose()?.unwrap_or(5);
+    let rd = wiretrain::device::select(spec)?;
+    let device = rd.device.clone();
+    eprintln!("device: {}", rd.description);
+    let mut rows = Vec::new();
+    for &bytes in &sizes {
+        rows.extend(measure(&device, &rd, bytes, tensors.max(1), rounds.max(1))?);
+    }
+    println!(
+        "{:>6} {:>12} {:>12} {:>10} {:>8}",
+        "op", "path", "bytes", "time_ms", "GB/s"
+    );
+    for r in &rows {
+        println!(
+            "{:>6} {:>12} {:>12} {:>10.3} {:>8.2}",
+            r.op,
+            r.path,
+            r.bytes,
+            r.t.as_secs_f64() * 1e3,
+            r.bytes as f64 / r.t.as_secs_f64() / 1e9
+        );
+    }
+    for r in &rows {
+        let line = serde_json::json!({
+            "op": r.op, "path": r.path, "bytes": r.bytes, "tensors": tensors,
+            "time_ms": r.t.as_secs_f64() * 1e3,
+            "gb_s": r.bytes as f64 / r.t.as_secs_f64() / 1e9, "device": rd.description,
+        });
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Every path's read and write of `bytes` cut into `n` tensors.
+fn measure(
+    device: &Device,
+    rd: &wiretrain::device::RankDevice,
+    bytes: usize,
+    n: usize,
+    rounds: usize,
+) -> Res<Vec<Row>> {
+    let elems = (bytes / 4).max(n);
+    let per = elems / n;
+    let parts: Vec<Tensor<1>> = (0..n)
+        .map(|i| {
+            let len = if i + 1 == n {
+                elems - per * (n - 1)
+            } else {
+                per
+            };
+            Tensor::random([len], Distribution::Default, device)
+        })
+        .collect();
+    let host: Vec<f32> = (0..elems).map(|i| i as f32).collect();
+    device.sync()?;
+    let mut rows = Vec::new();
+    let mut row = |op, path, t| {
+        rows.push(Row {
+            op,
+            path,
+            bytes: 4 * elems,
+            t,
+        })
+    };
+    row(
+        "d2h",
+        "per-tensor",
+        time(rounds, || {
+            for t in &parts {
+                t.clone().try_into_data()?;
+            }
+            Ok(())
+        })?,
+    );
+    row(
+        "d2h",
+        "engine",
+        time(rounds, || {
+            transfer::read_many(parts.clone())?;
+            Ok(())
+        })?,
+    );
+    row(
+        "h2d",
+        "per-tensor",
+        time(rounds, || {
+            let mut at = 0;
+            for t in &parts {
+                let len = t.dims()[0];
+                let d = TensorData::new(host[at..at + len].to_vec(), [len]);
+                drop(Tensor::<1>::from_data(d, device));
+                at += len;
+            }
+            device.sync()?;
+            Ok(())
+        })?,
+    );
+    row(
+        "h2d",
+        "engine",
+        time(rounds, || {
+            drop(transfer::upload(host.clone(), device));
+            device.sync()?;
+            Ok(())
+        })?,
+    );
+    if let Some(k) = &rd.kernels {
+        let buf = k.upload(&host)?;
+        row(
+            "d2h",
+            "raw-staging",
+            time(rounds, || {
+                k.read::<f32>(&buf, elems)?;
+                Ok(())
+            })?,
+        );
+        row(
+            "h2d",
+            "raw-staging",
+            time(rounds, || {
+                k.write(&buf, &host)?;
+                k.sync()?;
+                Ok(())
+            })?,
+        );
+    }
+    Ok(rows)
+}

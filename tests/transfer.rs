@@ -1,0 +1,171 @@
+//! Device-resident DDP through the real binary: the same per-step losses and final parameters
+//! as the host path it replaces, and the bytes that cross between each rank's device and the
+//! host, asserted exactly from the metrics every step reports: at world 1 only the loss
+//! scalar leaves the device; at 2 x 1 on an f32 wire each gradient byte crosses once each way
+//! (4P down, 4P up, plus the loss), with one blocking wait per bucket plus the loss's: the
+//! mlp example's 6,922 parameters in 4 KiB buckets are 7 buckets, the last one partial
+//! (`--overlap off`), or its 3 units with overlap.
+
+mod common;
+
+use std::time::Duration;
+
+const STEPS: &str = "12";
+
+/// Per-step lines and the summary of `train --example mlp` (under `launch --local nodes`
+/// when `nodes` > 0), with `extra` flags; its final parameters.
+fn run(
+    name: &str,
+    nodes: usize,
+    device: &str,
+    extra: &[&str],
+) -> (Vec<serde_json::Value>, serde_json::Value, Vec<f32>) {
+    let d = common::fresh_dir("transfer", name);
+    let p = d.join("p.f32");
+    let mut train = vec!["train"];
+    train.extend(common::mlp("ddp", STEPS, "32", "3", device));
+    train.extend(["--save-params", p.to_str().unwrap()]);
+    train.extend_from_slice(extra);
+    let n = nodes.to_string();
+    let args = if nodes > 0 {
+        common::local(&n, "1", &train)
+    } else {
+        train
+    };
+    let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
+    let summary = rows.pop().expect("a summary line");
+    assert_eq!(
+        summary["summary"], true,
+        "{name}: the last line is the summary"
+    );
+    let params = common::read_f32(&p);
+    let _ = std::fs::remove_dir_all(&d);
+    (rows, summary, params)
+}
+
+fn losses(rows: &[serde_json::Value]) -> Vec<f64> {
+    rows.iter().map(|r| r["loss"].as_f64().unwrap()).collect()
+}
+
+fn field(r: &serde_json::Value, k: &str) -> u64 {
+    r[k].as_u64()
+        .unwrap_or_else(|| panic!("metrics line lacks {k}: {r}"))
+}
+
+/// Same losses and parameters within `tol` (relative, at least 1 in the denominator).
+fn assert_same(what: &str, a: &(Vec<f64>, Vec<f32>), b: &(Vec<f64>, Vec<f32>), tol: f64) {
+    assert_eq!(a.0.len(), b.0.len(), "{what}: steps");
+    let loss = common::worst_rel(&a.0, &b.0, 1.0);
+    let pa: Vec<f64> = a.1.iter().map(|&x| f64::from(x)).collect();
+    let pb: Vec<f64> = b.1.iter().map(|&x| f64::from(x)).collect();
+    assert_eq!(pa.len(), pb.len(), "{what}: parameter count");
+    let params = common::worst_rel(&pa, &pb, 1.0);
+    eprintln!("{what}: losses differ by {loss:e}, parameters by {params:e}");
+    assert!(loss <= tol, "{what}: losses differ by {loss:e}");
+    assert!(params <= tol, "{what}: parameters differ by {params:e}");
+}
+
+#[test]
+fn device_resident_ddp_moves_each_gradient_byte_once_each_way_and_matches_the_host_path() {
+    let (rows, summary, params) = run("resident-2x1", 2, "cpu", &["--overlap", "off"]);
+    let p = summary["params_total"].as_u64().unwrap();
+    assert_eq!(p, 6922);
+    let buckets = p.div_ceil(1024);
+    for r in &rows {
+        assert_eq!(
+            field(r, "d2h_bytes"),
+            4 * p + 4,
+            "gradients once, and the loss: {r}"
+        );
+        assert_eq!(
+            field(r, "h2d_bytes"),
+            4 * p,
+            "the reduced gradient once: {r}"
+        );
+        assert_eq!(
+            field(r, "device_waits"),
+            buckets + 1,
+            "a wait per bucket: {r}"
+        );
+    }
+    assert_eq!(summary["median"]["d2h_bytes"], (4 * p + 4) as f64);
+    let per_rank = summary["memory_per_rank"].as_array().unwrap();
+    assert_eq!(per_rank.len(), 2);
+    for r in per_rank {
+        assert_eq!(field(r, "h2d_bytes_per_step"), 4 * p, "every rank: {r}");
+    }
+    // The host path it replaces: parameters go up and come back every step besides.
+    let host = ["--host-path", "--overlap", "off"];
+    let (host_rows, _, host_params) = run("host-2x1", 2, "cpu", &host);
+    for r in &host_rows {
+        assert_eq!(field(r, "d2h_bytes"), 8 * p + 4, "host path: {r}");
+        assert_eq!(field(r, "h2d_bytes"), 12 * p, "host path: {r}");
+    }
+    assert_same(
+        "resident vs host path, 2x1 cpu",
+        &(losses(&rows), params),
+        &(losses(&host_rows), host_params),
+        1e-6,
+    );
+    // With overlap (2 nodes: on by default), the buckets are the 3 units: still once each way.
+    let (rows, summary, _) = run("resident-2x1-overlap", 2, "cpu", &[]);
+    assert_eq!(summary["overlap"], true);
+    for r in &rows {
+        assert_eq!(field(r, "d2h_bytes"), 4 * p + 4, "{r}");
+        assert_eq!(field(r, "h2d_bytes"), 4 * p, "{r}");
+        assert_eq!(field(r, "device_waits"), 3 + 1, "a wait per unit: {r}");
+    }
+}
+
+/// World 1 on lavapipe (a real wgpu device): nothing but the loss scalar crosses, the
+/// device reports its memory, and the run equals the host path (the fused WGSL AdamW there,
+/// Burn's AdamW on the device here: the same math in another order, hence 1e-5 as the
+/// lavapipe tests use).
+#[test]
+fn at_world_1_only_the_loss_leaves_a_wgpu_device() {
+    let (rows, summary, params) = run("resident-w1-lavapipe", 0, "wgpu:cpu", &[]);
+    for r in &rows {
+        assert_eq!(field(r, "d2h_bytes"), 4, "only the loss: {r}");
+        assert_eq!(field(r, "h2d_bytes"), 0, "nothing goes up: {r}");
+        assert_eq!(field(r, "device_waits"), 1, "one wait, the loss's: {r}");
+        let (now, peak) = (field(r, "device_mem_bytes"), field(r, "device_mem_peak"));
+        assert!(now > 0 && peak >= now, "device memory reported: {r}");
+    }
+    let peak = summary["memory_per_rank"][0]["device_mem_peak"].as_u64();
+    assert!(peak.is_some_and(|b| b > 0), "{summary}");
+    let (host_rows, _, host_params) = run("host-w1-lavapipe", 0, "wgpu:cpu", &["--host-path"]);
+    assert!(
+        host_rows.iter().all(|r| field(r, "d2h_bytes") > 4 * 6922),
+        "the host path reads the gradients"
+    );
+    assert_same(
+        "resident vs host path, world 1 lavapipe",
+        &(losses(&rows), params),
+        &(losses(&host_rows), host_params),
+        1e-5,
+    );
+}
+
+#[test]
+fn at_world_1_on_the_cpu_backend_only_the_loss_crosses_and_memory_is_not_claimed() {
+    let (rows, summary, params) = run("resident-w1-cpu", 0, "cpu", &[]);
+    for r in &rows {
+        assert_eq!(
+            (field(r, "d2h_bytes"), field(r, "h2d_bytes")),
+            (4, 0),
+            "{r}"
+        );
+        assert!(
+            r["device_mem_bytes"].is_null(),
+            "the CPU backend reports none: {r}"
+        );
+    }
+    assert!(summary["median"]["device_mem_peak"].is_null());
+    let (host_rows, _, host_params) = run("host-w1-cpu", 0, "cpu", &["--host-path"]);
+    assert_same(
+        "resident vs host path, world 1 cpu",
+        &(losses(&rows), params),
+        &(losses(&host_rows), host_params),
+        1e-6,
+    );
+}
