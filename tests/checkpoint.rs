@@ -119,10 +119,12 @@ fn resume_reshards_across_world_sizes_and_strategies() {
     eprintln!("final parameters vs uninterrupted: worst {pworst:e}");
     assert!(pworst <= 1e-4, "final parameters differ by {pworst:e}");
 
-    // Only the newest two valid checkpoints are kept (default --checkpoint-keep 2).
+    // Only the newest two valid checkpoints are kept (default --checkpoint-keep 2), beside the
+    // run lock.
     let mut kept: Vec<String> = std::fs::read_dir(&ck)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n != "wiretrain.lock")
         .collect();
     kept.sort();
     assert_eq!(kept, ["step-00000020", "step-00000030"]);

@@ -49,10 +49,12 @@ fn resume(steps: usize, ck: &Path, keep: &str, at: &str) {
     assert!(text.contains(at), "{text}");
 }
 
+/// What `d` holds, but for the run lock (`wiretrain.lock`, kept between runs).
 fn entries(d: &Path) -> Vec<String> {
     let mut v: Vec<String> = std::fs::read_dir(d)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "wiretrain.lock")
         .collect();
     v.sort();
     v

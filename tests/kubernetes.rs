@@ -118,6 +118,10 @@ fn the_manifests_job_trains_with_the_environment_it_gives_each_pod() {
     // The pods on loopback: each gets the manifest's command and variables, pod 0's DNS name
     // is 127.0.0.1, and the run is made short and CPU-only.
     let dir = common::fresh_dir("k8s", "pods");
+    // One checkpoint directory per experiment, named by the pod's EXPERIMENT variable, which
+    // Kubernetes puts into the arguments' $(EXPERIMENT).
+    let experiment = value("EXPERIMENT").expect("the manifest names its experiment");
+    let ck = dir.join(&experiment);
     let mut args: Vec<String> = c["args"]
         .as_array()
         .unwrap()
@@ -125,9 +129,14 @@ fn the_manifests_job_trains_with_the_environment_it_gives_each_pod() {
         .map(|a| {
             a.as_str()
                 .unwrap()
+                .replace("$(EXPERIMENT)", &experiment)
                 .replace("/checkpoints", dir.to_str().unwrap())
         })
         .collect();
+    assert!(
+        args.iter().any(|a| *a == ck.display().to_string()) && !args.contains(&"--resume".into()),
+        "a per-experiment directory, resumed only deliberately: {args:?}"
+    );
     let steps = args.iter().position(|a| a == "--steps").unwrap();
     args[steps + 1] = "3".into();
     args.extend(["--device", "cpu", "--no-progress", "--d-model", "32"].map(String::from));
@@ -161,7 +170,7 @@ fn the_manifests_job_trains_with_the_environment_it_gives_each_pod() {
     let m0 = common::jsonl(&dir.join("m0.jsonl"));
     let summary = m0.iter().find(|r| r.get("summary").is_some()).unwrap();
     assert_eq!(summary["world"], 2, "{summary}");
-    assert!(has_checkpoint(&dir), "no checkpoint in {}", dir.display());
+    assert!(has_checkpoint(&ck), "no checkpoint in {}", ck.display());
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -24,11 +24,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod dir;
+mod lock;
 mod read;
 mod validate;
 mod write;
 pub(crate) use dir::prune_stalling;
 pub use dir::{ensure_unused, list_valid, move_aside, prune};
+pub use lock::{DirLock, LOCK_FILE, Lease};
 pub use read::Checkpoint;
 use validate::validate;
 use write::hex;
@@ -72,6 +74,12 @@ pub enum CheckpointError {
         .dir.display(), .dir.display()
     )]
     InUse { dir: PathBuf, steps: Vec<usize> },
+    #[error(
+        "checkpoint directory {} is in use by another run ({holder}); give this run its own \
+         directory, or wait for that one to end and pass --resume to continue it",
+        .dir.display()
+    )]
+    Locked { dir: PathBuf, holder: String },
 }
 
 pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {

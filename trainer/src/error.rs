@@ -136,6 +136,11 @@ pub enum OtherRank {
     #[error("rank 0 refused checkpoint directory {} (its error is above)", .root.display())]
     DirRefused { root: PathBuf },
     #[error(
+        "checkpoint directory {} is in use by another run (rank 0's error above names it)",
+        .root.display()
+    )]
+    DirLocked { root: PathBuf },
+    #[error(
         "{ranks} rank(s) could not load checkpoint {} (their errors are above)",
         .dir.display()
     )]

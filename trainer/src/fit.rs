@@ -7,6 +7,7 @@
 //! `wiretrain train` is a user of it like any other program.
 
 use crate::balance::Balance;
+use crate::checkpoint::DirLock;
 use crate::data::DistributedSampler;
 use crate::engine::{ConfigError, StepReport, TrainError, Trainer, TrainerConfig};
 use crate::strategy::Strategy;
@@ -186,9 +187,11 @@ pub fn fit<M: Module>(
         m.insert("global_batch".into(), run.global_batch.into());
         m.insert("accumulate".into(), run.accumulate.into());
     }
-    let start = match heal::setup(&mut trainer, run, &run_meta)? {
+    // The checkpoint directory's lock, held by rank 0's process while the run lasts (a node
+    // joining in place joins a run that holds it).
+    let (start, mut lock) = match heal::setup(&mut trainer, run, &run_meta)? {
         // A node joining in place: its state comes from the nodes already there.
-        Some(steps) => steps,
+        Some(steps) => (steps, None),
         None => resume_or_claim(&mut trainer, run, &run_meta, leader)?,
     };
     rec.bar.set_position(start as u64);
@@ -228,6 +231,7 @@ pub fn fit<M: Module>(
                 let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
                 step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cx, &run_meta)?;
                 leader = trainer.process_group().rank() == 0;
+                relock(&mut lock, run, leader);
                 continue;
             }
         };
@@ -249,6 +253,7 @@ pub fn fit<M: Module>(
             let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
             step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cx, &run_meta)?;
             leader = trainer.process_group().rank() == 0;
+            relock(&mut lock, run, leader);
             continue;
         }
         step += 1;
@@ -321,10 +326,33 @@ fn resume_or_claim<M: Module>(
     run: &FitOptions,
     run_meta: &serde_json::Value,
     leader: bool,
-) -> Result<usize, FitError> {
+) -> Result<(usize, Option<DirLock>), FitError> {
     let Some(c) = run.checkpoint.as_ref() else {
-        return Ok(0);
+        return Ok((0, None));
     };
+    let lock = trainer.lock_checkpoint_dir(&c.dir)?;
+    Ok((resume_or_claim_locked(trainer, c, run_meta, leader)?, lock))
+}
+
+/// After a heal that made this process rank 0's: it takes the checkpoint directory's lock
+/// where the old holder was lost with its node (a warning when it cannot: the run goes on).
+fn relock(lock: &mut Option<DirLock>, run: &FitOptions, leader: bool) {
+    let Some(c) = run.checkpoint.as_ref().filter(|_| leader && lock.is_none()) else {
+        return;
+    };
+    match DirLock::acquire(&c.dir) {
+        Ok(l) => *lock = Some(l),
+        Err(e) => tracing::warn!("after the heal, rank 0 does not hold the lock: {e}"),
+    }
+}
+
+/// [`resume_or_claim`] once the directory is this run's.
+fn resume_or_claim_locked<M: Module>(
+    trainer: &mut Trainer<M>,
+    c: &CheckpointPlan,
+    run_meta: &serde_json::Value,
+    leader: bool,
+) -> Result<usize, FitError> {
     if !c.resume {
         trainer.claim_checkpoint_dir(&c.dir, c.overwrite)?;
         return Ok(0);
@@ -353,7 +381,9 @@ fn resume_or_claim<M: Module>(
                 m.run
                     .get("global_batch")
                     .unwrap_or(&serde_json::Value::Null),
-                run.global_batch
+                run_meta
+                    .get("global_batch")
+                    .unwrap_or(&serde_json::Value::Null)
             );
         }
     }

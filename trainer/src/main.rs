@@ -86,7 +86,12 @@ fn main() {
 fn is_usage(e: &anyhow::Error) -> bool {
     use wiretrain::TrainError;
     use wiretrain::checkpoint::CheckpointError;
-    let in_use = |c: &CheckpointError| matches!(c, CheckpointError::InUse { .. });
+    let in_use = |c: &CheckpointError| {
+        matches!(
+            c,
+            CheckpointError::InUse { .. } | CheckpointError::Locked { .. }
+        )
+    };
     e.chain().any(|c| {
         c.is::<cli::Usage>()
             || c.is::<wiretrain::job::JobError>()
@@ -97,8 +102,13 @@ fn is_usage(e: &anyhow::Error) -> bool {
                 c.downcast_ref::<wiretrain::RunError>(),
                 Some(wiretrain::RunError::Job(_) | wiretrain::RunError::Device(_))
             )
+            || matches!(
+                c.downcast_ref::<wiretrain::engine::OtherRank>(),
+                Some(wiretrain::engine::OtherRank::DirLocked { .. })
+            )
             || match c.downcast_ref::<TrainError>() {
                 Some(TrainError::Config(_)) => true,
+                Some(TrainError::OtherRank(wiretrain::engine::OtherRank::DirLocked { .. })) => true,
                 Some(TrainError::Checkpoint(ck)) => in_use(ck),
                 _ => false,
             }

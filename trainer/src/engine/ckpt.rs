@@ -19,7 +19,7 @@
 use super::{OtherRank, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
-    CheckpointError, DilocoManifest, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
+    CheckpointError, DilocoManifest, DirLock, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
     OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune_stalling, step_dir_name,
     write_manifest, write_named, write_shard,
 };
@@ -393,6 +393,31 @@ impl<M: Module> Trainer<M> {
             .into());
         }
         Ok(())
+    }
+
+    /// Locks `root` for this run (a collective; rank 0's process takes the lock, see
+    /// [`DirLock`]) and holds it while the returned value lives: `None` on the other ranks.
+    /// A directory another run holds is refused on every rank, naming the holder on rank 0
+    /// ([`CheckpointError::Locked`]).
+    pub fn lock_checkpoint_dir(&mut self, root: &Path) -> Result<Option<DirLock>, TrainError> {
+        let mut mine = Ok(None);
+        if self.pg.rank() == 0 {
+            mine = DirLock::acquire(root).map(Some);
+        }
+        // 0: locked; 1: held by another run; 2: another error.
+        let code = match &mine {
+            Ok(_) => 0.0,
+            Err(CheckpointError::Locked { .. }) => 1.0,
+            Err(_) => 2.0,
+        };
+        let code = self.pg.broadcast(vec![code], 0).wait()?[0];
+        let lock = mine?;
+        let root = root.to_path_buf();
+        match code {
+            0.0 => Ok(lock),
+            1.0 => Err(OtherRank::DirLocked { root }.into()),
+            _ => Err(OtherRank::DirRefused { root }.into()),
+        }
     }
 }
 

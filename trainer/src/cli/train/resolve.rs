@@ -7,6 +7,7 @@ use anyhow::Result;
 use serde::Deserialize;
 use std::path::PathBuf;
 use wiretrain::balance::Balance;
+use wiretrain::checkpoint::{CheckpointError, DirLock};
 use wiretrain::device::{DeviceSpec, parse_specs};
 use wiretrain::engine::{ConfigError, Diloco, Overlap, TrainerConfig};
 use wiretrain::fit::CheckpointPlan;
@@ -66,6 +67,10 @@ pub(super) struct Run {
     pub(super) d_model: usize,
     pub(super) layers: usize,
     pub(super) checkpoint: Option<CheckpointPlan>,
+    /// Node 0's lock on the checkpoint directory, taken before the job starts (so a second
+    /// run there is refused at once) and held while the run lasts.
+    #[expect(dead_code, reason = "held, never read: dropping it releases the lock")]
+    pub(super) lock: Option<DirLock>,
     /// `--strategy auto`: the strategy is measured and planned at start (`trainer` holds the
     /// other settings).
     pub(super) auto: Option<AutoRun>,
@@ -153,7 +158,7 @@ impl TrainArgs {
             .clone()
             .or(file.plot.clone())
             .or_else(|| self.metrics.as_ref().map(|m| m.with_extension("png")));
-        let checkpoint = self.checkpoint(&file)?;
+        let (checkpoint, lock) = self.checkpoint(&file)?;
         let checkpoint_timeout = self.checkpoint_timeout()?;
         let trainer = TrainerConfig::builder(strategy)
             .lr(lr)
@@ -170,6 +175,7 @@ impl TrainArgs {
             .map_err(|e| crate::cli::usage_error(format!("{}: {e}", flag_of(&e))))?;
         Ok(Run {
             checkpoint,
+            lock,
             example,
             trainer,
             steps,
@@ -371,7 +377,7 @@ impl TrainArgs {
     }
 
     /// Where and how often checkpoints go, checked before the job starts.
-    fn checkpoint(&self, file: &FileConfig) -> Result<Option<CheckpointPlan>> {
+    fn checkpoint(&self, file: &FileConfig) -> Result<(Option<CheckpointPlan>, Option<DirLock>)> {
         let every = self.checkpoint_every.or(file.checkpoint_every);
         let keep = self.checkpoint_keep.or(file.checkpoint_keep).unwrap_or(2);
         let resume = self.resume || file.resume.unwrap_or(false);
@@ -388,24 +394,45 @@ impl TrainArgs {
                 }
                 // A node joining a running job in place writes into that job's directory.
                 let joining = std::env::var(wiretrain::job::env::HEAL_JOIN).is_ok_and(|v| v == "1");
+                let lock = match joining {
+                    true => None,
+                    false => self.lock_as_node0(&dir)?,
+                };
                 if !resume && !self.overwrite_checkpoints && !joining {
                     // Refused here, before joining, with exit 2; the trainer checks again.
                     wiretrain::checkpoint::ensure_unused(&dir)
                         .map_err(|e| crate::cli::usage_error(format!("--checkpoint-dir: {e}")))?;
                 }
-                Some(CheckpointPlan {
+                let plan = CheckpointPlan {
                     dir,
                     every,
                     keep,
                     resume,
                     overwrite: self.overwrite_checkpoints,
-                })
+                };
+                (Some(plan), lock)
             }
             None if every.is_some() || resume => {
                 usage!("--checkpoint-every and --resume need --checkpoint-dir")
             }
-            None => None,
+            None => (None, None),
         };
         Ok(checkpoint)
+    }
+
+    /// On node 0 (where the job says so before it starts), the lock on `dir`: a directory
+    /// another run holds is refused (exit 2), naming the holder.
+    fn lock_as_node0(&self, dir: &std::path::Path) -> Result<Option<DirLock>> {
+        let node = self.node.options()?.node_config().ok();
+        if node.and_then(|c| c.node_rank()) != Some(0) {
+            return Ok(None);
+        }
+        match DirLock::acquire(dir) {
+            Ok(l) => Ok(Some(l)),
+            Err(e @ CheckpointError::Locked { .. }) => {
+                Err(crate::cli::usage_error(format!("--checkpoint-dir: {e}")))
+            }
+            Err(e) => Err(anyhow::Error::new(e).context("--checkpoint-dir")),
+        }
     }
 }
