@@ -10,7 +10,7 @@ use super::rdzv::{self, NodeEnd, Start, ToAgent, ToHost};
 use super::rdzv_host::{Policy, host};
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command};
+use std::process::Child;
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -509,7 +509,7 @@ fn start_node(
         }
         (None, None) => {}
     }
-    die_with_parent(&mut c);
+    // The command dies with this agent (see `Target::command`), as it would with its machine.
     let child = c.spawn().map_err(|source| LaunchError::Spawn {
         node: s.node,
         source,
@@ -528,28 +528,4 @@ fn start_node(
         healing: false,
         capable_for: None,
     })
-}
-
-/// The node is killed when its agent dies (Linux: the parent-death signal), as it would be
-/// with its machine.
-fn die_with_parent(c: &mut Command) {
-    #[cfg(target_os = "linux")]
-    {
-        use std::os::unix::process::CommandExt;
-        let agent = std::process::id() as libc::pid_t;
-        // SAFETY: prctl(PR_SET_PDEATHSIG) and getppid are async-signal-safe and touch no
-        // memory of the parent; they run in the child between fork and exec.
-        unsafe {
-            c.pre_exec(move || {
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                // The agent died before the signal was armed: do not run without it.
-                if libc::getppid() != agent {
-                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
-                }
-                Ok(())
-            });
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = c;
 }

@@ -119,6 +119,8 @@ impl Target {
         place: Place<'_>,
     ) -> Command {
         let mut c = Command::new(self.program.as_deref().unwrap_or(exe));
+        // A node never outlives its launcher or agent (`kill -9` of it included).
+        super::parent_death::die_with_parent(&mut c);
         c.args(&self.args)
             .env(env::NNODES, nnodes.to_string())
             .env(env::NODE_RANK, node.to_string())
@@ -217,6 +219,7 @@ pub fn run_node(
         Some((nnodes, node, master)) => target.command(&exe, *nnodes, *node, master, Place::Given),
         None => {
             let mut c = Command::new(target.program.as_deref().unwrap_or(&exe));
+            super::parent_death::die_with_parent(&mut c);
             c.args(&target.args)
                 .env(env::RANKS_PER_NODE, target.ranks_per_node.to_string());
             if target.program.is_none() {

@@ -10,6 +10,7 @@ pub mod heal_local;
 pub mod launch;
 pub mod launcher;
 pub mod node;
+mod parent_death;
 pub mod plan;
 pub mod rdzv;
 pub mod rdzv_host;
