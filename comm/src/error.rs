@@ -63,6 +63,8 @@ pub enum WireError {
     Unexpected { expected: String, got: String },
     #[error("malformed control message: {0}")]
     Malformed(String),
+    #[error("announced a payload of {len} bytes, above the call's limit of {max} bytes")]
+    TooLong { len: u64, max: u64 },
 }
 
 /// A failure of a link between nodes.
@@ -156,6 +158,15 @@ pub enum CollectiveError {
         rank: usize,
         peer: usize,
         reason: String,
+    },
+    /// A peer sent what no correct rank sends (e.g. a length past the call's limit); every
+    /// rank that received it fails alike, before allocating anything for it.
+    #[error("{op}: rank {rank} broke the protocol: {source}")]
+    Protocol {
+        op: &'static str,
+        rank: usize,
+        #[source]
+        source: WireError,
     },
     #[error("mismatched collectives at seq {seq}: {detail}")]
     Mismatch { seq: u64, detail: String },

@@ -508,6 +508,7 @@ impl Drop for ProcessGroup {
 }
 
 mod bytes;
+pub use bytes::MAX_BYTES;
 mod call;
 mod executor;
 mod node;

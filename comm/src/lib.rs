@@ -43,7 +43,9 @@ pub mod wire;
 pub use abort::Aborter;
 pub use config::{NodeConfig, QuicTuning};
 pub use error::{CollectiveError, ConfigError, Error, RendezvousError, TransportError, WireError};
-pub use group::{Call, CallOpts, Group, Node, OpId, OpKind, ProcessGroup, ReduceOp, Work};
+pub use group::{
+    Call, CallOpts, Group, MAX_BYTES, Node, OpId, OpKind, ProcessGroup, ReduceOp, Work,
+};
 pub use rendezvous::LinkStats;
 pub use topology::{NodeInfo, RankTable};
 pub use wire::WireDtype;

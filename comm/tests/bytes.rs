@@ -73,3 +73,72 @@ fn bytes_arrive_exactly_in_rank_order_whatever_the_wire_dtype() {
         }
     }
 }
+
+/// A length as the bytes collectives announce it: a u64 in four f32 carriers of 16 bits.
+fn announce(len: u64) -> Vec<f32> {
+    len.to_le_bytes()
+        .chunks(2)
+        .map(|c| f32::from(u16::from_le_bytes([c[0], c[1]])))
+        .collect()
+}
+
+/// What each rank saw of one bytes collective: `None` on the rank that lied.
+type Seen = Option<Result<(), String>>;
+
+#[test]
+fn a_peer_announcing_2_pow_64_minus_1_bytes_fails_the_call_naming_it() {
+    let res = common::cluster(&[2, 2], "huge-token", |mut pg| {
+        let exact = CallOpts::wire(WireDtype::F32).tag("bytes");
+        let world = pg.world();
+        // Rank 1 announces 2^64 - 1 bytes to an all-gather, rank 2 to a broadcast it roots.
+        let gathered: Seen = if pg.rank() == 1 {
+            let lie = announce(u64::MAX);
+            let _ = pg.call(exact).all_gather(lie, 4 * world).wait();
+            None
+        } else {
+            Some(
+                pg.all_gather_bytes(b"fine")
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            )
+        };
+        let broadcast: Seen = if pg.rank() == 2 {
+            let _ = pg.broadcast(announce(u64::MAX), 2).wait();
+            None
+        } else {
+            Some(
+                pg.broadcast_bytes(b"", 2)
+                    .map(drop)
+                    .map_err(|e| e.to_string()),
+            )
+        };
+        // Within a caller's limit: a rank sending more fails the call on every rank.
+        let limited = pg.all_gather_bytes_within(&payload(pg.rank()), 100);
+        // The group still works after each refusal.
+        let after = pg.all_gather_bytes(&[pg.rank() as u8]);
+        (
+            gathered,
+            broadcast,
+            limited.map_err(|e| e.to_string()),
+            after.ok(),
+        )
+    });
+    for node in res {
+        for (gathered, broadcast, limited, after) in node.expect("node") {
+            for (seen, liar) in [(gathered, 1), (broadcast, 2)] {
+                if let Some(r) = seen {
+                    let e = r.expect_err("a length of 2^64 - 1 is refused");
+                    assert!(
+                        e.contains(&format!("rank {liar} broke the protocol"))
+                            && e.contains("18446744073709551615"),
+                        "{e}"
+                    );
+                }
+            }
+            // payload(3) is 111 bytes, above the limit of 100.
+            let e = limited.expect_err("over the caller's limit");
+            assert!(e.contains("rank 3 broke the protocol"), "{e}");
+            assert_eq!(after, Some(vec![vec![0], vec![1], vec![2], vec![3]]));
+        }
+    }
+}

@@ -13,7 +13,7 @@ use crate::optim::ExportedState;
 use crate::strategy::{Scope, Stage};
 use burn::module::Module;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use wiretrain_comm::ProcessGroup;
 
 mod diloco;
@@ -61,8 +61,22 @@ impl Entry {
     }
 }
 
-/// Optimizer state tensors a state may hold at most (AdamW has two).
-const MAX_STATE_TENSORS: usize = 16;
+/// Optimizer state tensors a state may hold at most (AdamW has two, SGD one).
+const MAX_STATE_TENSORS: usize = 4;
+/// The longest optimizer tensor name a state header may carry.
+const MAX_NAME_LEN: usize = 128;
+/// The largest state header (tensor names, scalars, lengths) a rank accepts.
+const MAX_HEADER_BYTES: usize = 64 << 10;
+/// The largest run id rank 0 may send.
+const MAX_RUN_ID_BYTES: usize = 256;
+
+/// A state header: the optimizer's tensor names and scalars, and the lengths of the
+/// parameters, the f32 master and each optimizer tensor.
+type Header = (
+    Vec<String>,
+    BTreeMap<String, ScalarValue>,
+    (usize, usize, usize),
+);
 
 impl<M: Module> Trainer<M> {
     /// Why this trainer cannot go on from live replicas after losing a node (`None`: it
@@ -89,6 +103,8 @@ impl<M: Module> Trainer<M> {
         if self.model.is_none() {
             return Err("the model was lost in the step cut off".into());
         }
+        // Everything a heal sends, digests or compares is the host vector.
+        self.sync_host().map_err(|e| e.to_string())?;
         let owned = self
             .sync
             .owned(&pg, &self.held.buckets, self.layout.total());
@@ -121,7 +137,7 @@ impl<M: Module> Trainer<M> {
     /// state is nudged and it claims a step fewer than `done`, so that another replica's
     /// state is sent to it. Returns the steps to claim.
     pub(crate) fn heal_test_fault(&mut self, old_node: usize, done: usize) -> usize {
-        if self.cfg.faults.heal_diverge != Some(old_node) {
+        if self.cfg.faults.heal_diverge != Some(old_node) || self.sync_host().is_err() {
             return done;
         }
         self.diverge_for_test();
@@ -148,6 +164,7 @@ impl<M: Module> Trainer<M> {
     /// meet the newcomers' [`Trainer::new`] / [`Trainer::with_units`]; what this rank holds
     /// is unchanged (the state then comes from [`Trainer::agree_state`]).
     pub fn welcome_joiners(&mut self) -> Result<(), super::TrainError> {
+        self.sync_host()?;
         super::check_agreement(&mut self.pg, &self.layout)?;
         let total = self.layout.total();
         let params = if self.cfg.strategy.shards_params() {
@@ -182,10 +199,13 @@ impl<M: Module> Trainer<M> {
     }
 
     fn agree_as(&mut self, steps: usize, joined: bool) -> Result<Agreed, super::TrainError> {
+        self.sync_host()?;
         let heal_err = |m: String| super::TrainError::Heal(m);
         // Every rank writes checkpoints as one run (their pruning keys on it): a node that
         // joined takes rank 0's run id.
-        let id = self.pg.broadcast_bytes(self.run_id.as_bytes(), 0)?;
+        let id = self
+            .pg
+            .broadcast_bytes_within(self.run_id.as_bytes(), 0, MAX_RUN_ID_BYTES)?;
         self.run_id =
             String::from_utf8(id).map_err(|_| heal_err("rank 0's run id is not UTF-8".into()))?;
         let exported = self.opt.export_state()?;
@@ -202,7 +222,7 @@ impl<M: Module> Trainer<M> {
             mine.extend_from_slice(&(n as u64).to_le_bytes());
         }
         mine.push(u8::from(joined));
-        let all = self.pg.all_gather_bytes(&mine)?;
+        let all = self.pg.all_gather_bytes_within(&mine, ENTRY_LEN)?;
         let entries: Vec<Entry> = all
             .iter()
             .enumerate()
@@ -283,42 +303,20 @@ impl<M: Module> Trainer<M> {
         want: &Entry,
     ) -> Result<(), super::TrainError> {
         let heal_err = |m: String| super::TrainError::Heal(m);
-        let total = self.layout.total();
-        // The header: the optimizer's tensor names and scalars and every buffer's length,
-        // each bounded by the model's size (ranks of another replica may hold other lengths).
-        let names: Vec<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
         let lens = (
             self.held.params.len(),
             self.held.master.len(),
             self.held.owned_len(),
         );
-        let header = serde_json::to_vec(&(names, &exported.scalars, lens))
-            .map_err(|e| heal_err(e.to_string()))?;
-        let header = self.pg.broadcast_bytes(&header, src)?;
-        type Header = (
-            Vec<String>,
-            BTreeMap<String, ScalarValue>,
-            (usize, usize, usize),
-        );
-        let (names, scalars, (n_params, n_master, n_owned)): Header =
-            serde_json::from_slice(&header)
-                .map_err(|e| heal_err(format!("rank {src}'s state header: {e}")))?;
-        if names.len() > MAX_STATE_TENSORS
-            || n_params > total
-            || n_master > total
-            || n_owned > total
-        {
-            return Err(heal_err(format!(
-                "rank {src}'s state header is out of bounds ({} optimizer tensors, at most \
-                 {MAX_STATE_TENSORS}; buffers of {n_params}, {n_master}, {n_owned} elements, at \
-                 most {total})",
-                names.len()
-            )));
-        }
+        let (names, scalars, (n_params, n_master, n_owned)) =
+            self.state_header(src, exported, lens)?;
         let keep = mine && self.pg.rank() != src;
         // Every rank learns whether any receiver cannot take the state, so that all fail
         // together rather than leave the others waiting in the transfer.
-        let unfit = keep && (n_params, n_master, n_owned) != lens;
+        // (The same optimizer holds the same tensors; a state not made yet holds none.)
+        let own: BTreeSet<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
+        let other_names = !own.is_empty() && own != names.iter().collect();
+        let unfit = keep && ((n_params, n_master, n_owned) != lens || other_names);
         let any = self
             .pg
             .all_reduce(
@@ -328,14 +326,14 @@ impl<M: Module> Trainer<M> {
             .wait()?;
         if unfit {
             return Err(heal_err(format!(
-                "rank {src}'s state has buffers of {n_params}, {n_master}, {n_owned} elements; \
-                 this rank holds {}, {}, {}",
+                "rank {src}'s state has buffers of {n_params}, {n_master}, {n_owned} elements \
+                 and optimizer tensors {names:?}; this rank holds {}, {}, {} and {own:?}",
                 lens.0, lens.1, lens.2
             )));
         }
         if any[0] > 0.0 {
             return Err(heal_err(format!(
-                "a rank cannot take rank {src}'s state (its buffers differ in length)"
+                "a rank cannot take rank {src}'s state (its buffers or tensors differ)"
             )));
         }
         // What this rank sends (the source) or a buffer of the right length (the others).
@@ -390,6 +388,32 @@ impl<M: Module> Trainer<M> {
         Ok(())
     }
 
+    /// Rank `src`'s state header on every rank: the optimizer's tensor names and scalars and
+    /// every buffer's length (`lens`: this rank's). Checked before anything is allocated for
+    /// the transfer, alike on every rank: its size, the tensors' count and names (distinct,
+    /// short, plain), and each buffer bounded by the model's size (ranks of another replica
+    /// may hold other lengths), so a bad header costs a rank at most 2 + MAX_STATE_TENSORS
+    /// buffers of the model's size (was 2 + 16).
+    fn state_header(
+        &mut self,
+        src: usize,
+        exported: &ExportedState,
+        lens: (usize, usize, usize),
+    ) -> Result<Header, super::TrainError> {
+        let heal_err = |m: String| super::TrainError::Heal(m);
+        let total = self.layout.total();
+        let names: Vec<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
+        let header = serde_json::to_vec(&(names, &exported.scalars, lens))
+            .map_err(|e| heal_err(e.to_string()))?;
+        let header = self
+            .pg
+            .broadcast_bytes_within(&header, src, MAX_HEADER_BYTES)?;
+        let h: Header = serde_json::from_slice(&header)
+            .map_err(|e| heal_err(format!("rank {src}'s state header: {e}")))?;
+        check_header(&h, src, total).map_err(heal_err)?;
+        Ok(h)
+    }
+
     /// What the ranks' steps must agree on (strategy, DiLoCo's settings, overlap, buckets), as
     /// 8 bytes.
     fn step_shape(&self) -> [u8; 8] {
@@ -413,6 +437,34 @@ impl<M: Module> Trainer<M> {
     }
 }
 
+/// Whether rank `src`'s state header is one a correct rank sends for a model of `total`
+/// elements: at most [`MAX_STATE_TENSORS`] optimizer tensors, with distinct, short, plain
+/// names, and every buffer within the model's size. A pure function of the header, so every
+/// rank decides alike (before anything is allocated for the transfer).
+fn check_header(h: &Header, src: usize, total: usize) -> Result<(), String> {
+    let (names, _, (n_params, n_master, n_owned)) = h;
+    let plain = |n: &String| {
+        n.len() <= MAX_NAME_LEN
+            && n.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'.')
+    };
+    let distinct = names.iter().collect::<BTreeSet<_>>().len() == names.len();
+    if names.len() > MAX_STATE_TENSORS || !distinct || !names.iter().all(plain) {
+        return Err(format!(
+            "rank {src}'s state header names {} optimizer tensors (at most \
+             {MAX_STATE_TENSORS}, distinct, of at most {MAX_NAME_LEN} plain characters)",
+            names.len()
+        ));
+    }
+    if [n_params, n_master, n_owned].iter().any(|&&n| n > total) {
+        return Err(format!(
+            "rank {src}'s state header is out of bounds (buffers of {n_params}, {n_master}, \
+             {n_owned} elements, at most {total})"
+        ));
+    }
+    Ok(())
+}
+
 /// SHA-256 over parameters, master and optimizer state (each buffer with its length).
 fn digest_of(params: &[f32], master: &[f32], state: &ExportedState) -> [u8; 32] {
     let mut h = Sha256::new();
@@ -434,4 +486,35 @@ fn digest_of(params: &[f32], master: &[f32], state: &ExportedState) -> [u8; 32] 
 
 fn hex(d: &[u8]) -> String {
     d.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header(names: &[&str], lens: (usize, usize, usize)) -> Header {
+        let names = names.iter().map(|n| n.to_string()).collect();
+        (names, BTreeMap::new(), lens)
+    }
+
+    #[test]
+    fn a_state_header_is_checked_before_anything_is_allocated() {
+        let ok = header(&["moment_1", "moment_2"], (100, 100, 50));
+        assert_eq!(check_header(&ok, 1, 100), Ok(()));
+        let many: Vec<String> = (0..16).map(|i| format!("t{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        for (bad, why) in [
+            (header(&many, (100, 100, 100)), "optimizer tensors"),
+            (header(&["m", "m"], (1, 1, 1)), "optimizer tensors"),
+            (header(&["../x"], (1, 1, 1)), "optimizer tensors"),
+            (header(&["m"], (usize::MAX, 1, 1)), "out of bounds"),
+            (header(&["m"], (1, 1, 101)), "out of bounds"),
+        ] {
+            let e = check_header(&bad, 3, 100).expect_err("refused");
+            assert!(
+                e.contains("rank 3's state header") && e.contains(why),
+                "{e}"
+            );
+        }
+    }
 }

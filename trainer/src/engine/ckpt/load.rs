@@ -110,7 +110,10 @@ impl<M: Module> Trainer<M> {
             }
         }
         let bytes = serde_json::to_vec(&listed).expect("a list serializes");
-        let got = self.pg.broadcast_bytes(&bytes, 0)?;
+        // At most MAX_FALLBACK steps in JSON: a longer list is refused before it is read.
+        let got = self
+            .pg
+            .broadcast_bytes_within(&bytes, 0, 64 + 24 * MAX_FALLBACK)?;
         if let Some(e) = mine {
             return Err(e.into());
         }

@@ -122,7 +122,8 @@ impl<M: Module> Trainer<M> {
             own.momentum.len(),
         ))
         .map_err(|e| heal_err(e.to_string()))?;
-        let header = self.pg.broadcast_bytes(&header, src)?;
+        // Four integers in JSON: a longer header is refused before it is read.
+        let header = self.pg.broadcast_bytes_within(&header, src, 256)?;
         let (inner_done, rounds, n_anchor, n_momentum): (usize, usize, usize, usize) =
             serde_json::from_slice(&header)
                 .map_err(|e| heal_err(format!("rank {src}'s outer state header: {e}")))?;
