@@ -350,6 +350,13 @@ fn open_sharded<M: burn::module::Module>(
     s: &WiretrainStrategy,
     starting_epoch: usize,
 ) -> Result<(usize, usize), String> {
+    if let Some((dir, _, _)) = &s.sharded {
+        // One run per directory: a second one there is refused, naming the holder.
+        let lock = trainer
+            .lock_checkpoint_dir(dir)
+            .map_err(|e| format!("sharded checkpoints: {e}"))?;
+        *s.dir_lock.lock().unwrap_or_else(|p| p.into_inner()) = lock;
+    }
     match &s.sharded {
         None => Ok((starting_epoch, 0)),
         Some((dir, _, false)) => trainer

@@ -83,6 +83,8 @@ pub struct WiretrainStrategy {
     stop: Option<Arc<AtomicBool>>,
     sharded: Option<(PathBuf, usize, bool)>,
     heal: Option<Arc<Healer>>,
+    /// The sharded-checkpoint directory's lock, held by rank 0's process while the fit runs.
+    dir_lock: Mutex<Option<crate::checkpoint::DirLock>>,
 }
 
 impl WiretrainStrategy {
@@ -101,6 +103,7 @@ impl WiretrainStrategy {
             stop: None,
             sharded: None,
             heal: None,
+            dir_lock: Mutex::new(None),
         })
     }
 
