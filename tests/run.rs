@@ -189,3 +189,31 @@ fn a_second_signal_aborts_at_once() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// A shell without `XDG_RUNTIME_DIR` (ssh, cron, Slurm) gets no message from the graphics
+/// stack, and logs written to a pipe carry no colour codes.
+#[test]
+fn a_plain_shell_gets_no_graphics_noise_and_piped_logs_no_colour() {
+    let out = std::process::Command::new(common::bin())
+        .args([
+            "train",
+            "--example",
+            "mlp",
+            "--steps",
+            "2",
+            "--device",
+            "wgpu:cpu",
+        ])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env("RUST_LOG", "info")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "graphics noise: {err}");
+    assert!(err.contains("INFO"), "the log reaches the pipe: {err}");
+    assert!(
+        !err.contains('\u{1b}'),
+        "colour codes in a piped log: {err:?}"
+    );
+}

@@ -169,3 +169,49 @@ fn at_world_1_on_the_cpu_backend_only_the_loss_crosses_and_memory_is_not_claimed
         1e-6,
     );
 }
+
+/// The device's own account: ZeRO-3 at 2 x 1 peaks lower on a wgpu device (lavapipe) than
+/// DDP on the same model, read from the device's allocator (`device_mem_peak`), not computed.
+#[test]
+fn zero3_peaks_below_ddp_in_device_memory_on_lavapipe() {
+    let peak = |strategy: &str| {
+        let args = common::local_train(
+            "2",
+            "1",
+            &[
+                "--example",
+                "char-lm",
+                "--d-model",
+                "128",
+                "--layers",
+                "4",
+                "--strategy",
+                strategy,
+                "--steps",
+                "3",
+                "--global-batch",
+                "8",
+                "--device",
+                "wgpu:cpu",
+            ],
+        );
+        let rows = common::train_metrics(strategy, &args, &[], Duration::from_secs(600));
+        let summary = rows.last().unwrap();
+        let ranks = summary["memory_per_rank"].as_array().unwrap();
+        let peaks: Vec<u64> = ranks
+            .iter()
+            .map(|r| {
+                r["device_mem_peak"]
+                    .as_u64()
+                    .expect("lavapipe reports memory")
+            })
+            .collect();
+        eprintln!(
+            "{strategy}: device peaks {peaks:?}, {} parameters",
+            summary["params_total"]
+        );
+        peaks.into_iter().max().unwrap()
+    };
+    let (ddp, zero3) = (peak("ddp"), peak("zero3"));
+    assert!(zero3 < ddp, "zero3 peaks at {zero3} bytes, ddp at {ddp}");
+}

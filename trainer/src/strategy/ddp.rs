@@ -3,7 +3,8 @@
 //! optimizer step on everything.
 //!
 //! Device-resident (`resident`, the default outside DiLoCo): each bucket is put together on
-//! the device and read once; the reduced gradient goes up once; the optimizer steps the
+//! the device and read once; each reduced bucket goes up once, as soon as its all-reduce is
+//! back (while later buckets still travel); the optimizer steps the
 //! parameters on the device and the model's parameters become views of its result, so no
 //! parameter crosses to the host. At world 1 not even the gradient does.
 
@@ -12,7 +13,9 @@ use super::sync::{Grad, GradSync, Reduced, SyncCx, weigh};
 use crate::clock::Phase;
 use crate::error::TrainError;
 use crate::optim::StepOpts;
+use crate::transfer;
 use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use std::ops::Range;
 use wiretrain_comm::{ProcessGroup, WireDtype, Work};
 
@@ -55,6 +58,15 @@ impl GradSync for Replicated {
             works.push((b.clone(), self.reach.all_reduce(cx.pg, cx.wire, flat)));
         }
         drop(issue);
+        if self.resident {
+            // Each reduced bucket goes up as soon as it is back, while later ones travel.
+            let mut parts = Vec::with_capacity(works.len());
+            for (_, w) in works {
+                let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
+                parts.push(transfer::upload(w.wait()?, cx.opt.device()));
+            }
+            return Ok(Grad::Device(Tensor::cat(parts, 0)));
+        }
         let mut full = vec![0.0f32; cx.layout.total()];
         for (b, w) in works {
             let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
