@@ -41,6 +41,7 @@ static ALLOC: wiretrain::heap::CountingAlloc = wiretrain::heap::CountingAlloc;
 
 fn main() {
     ALLOC.mark_installed();
+    private_runtime_dir();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
@@ -53,6 +54,8 @@ fn main() {
             }),
         )
         .with_writer(std::io::stderr)
+        // Colour codes only for a terminal: logs sent to a file or a pipe stay plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let cli = Cli::parse();
     if matches!(cli.cmd, Cmd::Plan(_) | Cmd::Report(_) | Cmd::Devices(_)) {
@@ -80,6 +83,32 @@ fn main() {
         std::process::exit(if is_usage(&e) { 2 } else { 1 });
     }
 }
+
+/// Without a usable `XDG_RUNTIME_DIR` (ssh, cron, containers, Slurm) the graphics stack's
+/// Wayland probe prints "error: XDG_RUNTIME_DIR is invalid or not set" while wgpu looks for
+/// adapters, though nothing is wrong. Such a process gets a private one (mode 0700, owned by
+/// this user, under the temporary directory) before any thread starts.
+#[cfg(unix)]
+fn private_runtime_dir() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let usable =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_dir());
+    if usable {
+        return;
+    }
+    let uid = unsafe { libc::getuid() };
+    let dir = std::env::temp_dir().join(format!("wiretrain-runtime-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    let ours = std::fs::symlink_metadata(&dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0);
+    if ours {
+        // SAFETY: called first thing in main, before any other thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", &dir) };
+    }
+}
+
+#[cfg(not(unix))]
+fn private_runtime_dir() {}
 
 /// Whether the command line is at fault (exit 2): a bad flag, configuration or combination,
 /// told by the error's type anywhere in its chain.

@@ -164,6 +164,7 @@ impl<M: Module> Trainer<M> {
         run: serde_json::Value,
         keep: usize,
     ) -> Result<PathBuf, TrainError> {
+        self.sync_host()?;
         // Writers take as long as the disk does: the collectives that wait for them get the
         // checkpoint timeout, not the step's.
         let t = self.cfg.checkpoint_timeout.max(self.pg.timeout());

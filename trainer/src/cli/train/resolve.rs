@@ -167,6 +167,7 @@ impl TrainArgs {
             .overlap(overlap)
             .wire(wire)
             .fused_optimizer(!self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true))
+            .device_resident(!self.host_path)
             .diloco(diloco)
             .checkpoint_timeout(checkpoint_timeout)
             // The binary is where the environment's injected faults enter (wiretrain::faults).
