@@ -34,7 +34,7 @@ impl Replicated {
         let all = 0..cx.layout.total();
         let g = cx.layout.grads_device(grads, all, cx.opt.device());
         let w = cx.sample_weight;
-        Ok(Grad::Device(if w == 1.0 { g } else { g * w }))
+        Ok(Grad::Device(Box::new(if w == 1.0 { g } else { g * w })))
     }
 }
 
@@ -65,7 +65,7 @@ impl GradSync for Replicated {
                 let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
                 parts.push(transfer::upload(w.wait()?, cx.opt.device()));
             }
-            return Ok(Grad::Device(Tensor::cat(parts, 0)));
+            return Ok(Grad::Device(Box::new(Tensor::cat(parts, 0))));
         }
         let mut full = vec![0.0f32; cx.layout.total()];
         for (b, w) in works {

@@ -78,7 +78,7 @@ pub(crate) struct SyncCx<'a> {
 /// (what a collective returns) or on the device (device-resident DDP at world 1).
 pub(crate) enum Grad {
     Host(Vec<f32>),
-    Device(Tensor<1>),
+    Device(Box<Tensor<1>>),
 }
 
 impl Grad {
@@ -86,7 +86,7 @@ impl Grad {
     pub fn into_host(self) -> Result<Vec<f32>, TrainError> {
         match self {
             Self::Host(v) => Ok(v),
-            Self::Device(t) => transfer::read_f32(t).map_err(|reason| {
+            Self::Device(t) => transfer::read_f32(*t).map_err(|reason| {
                 crate::optim::OptimError::ReadBack {
                     what: "the reduced gradient".into(),
                     reason,
@@ -100,7 +100,7 @@ impl Grad {
     pub fn into_device(self, device: &Device) -> Tensor<1> {
         match self {
             Self::Host(v) => transfer::upload(v, device),
-            Self::Device(t) => t,
+            Self::Device(t) => *t,
         }
     }
 }
