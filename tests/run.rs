@@ -123,12 +123,7 @@ fn a_signal_at_one_node_stops_the_whole_job() {
     let children = format!("/proc/{0}/task/{0}/children", child.id());
     let Ok(pids) = std::fs::read_to_string(&children) else {
         let _ = child.kill();
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI=true: {children} is not readable"
-        );
-        eprintln!("skipped: {children} is not readable on this system");
-        return;
+        return common::skip_unless_ci(&format!("{children} is not readable on this system"));
     };
     let pids: Vec<u32> = pids
         .split_whitespace()

@@ -60,11 +60,7 @@ pub fn node_or_skip(child: &mut std::process::Child, n: usize) -> Option<u32> {
     if pid.is_none() {
         let _ = child.kill();
         let _ = child.wait();
-        assert!(
-            std::env::var("CI").is_err(),
-            "CI=true: the launcher's children are not visible in /proc"
-        );
-        eprintln!("skipped: the launcher's children are not visible in /proc here");
+        super::skip_unless_ci("the launcher's children are not visible in /proc here");
     }
     pid
 }

@@ -164,15 +164,8 @@ pub fn refused_within<S: AsRef<OsStr> + Debug>(
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
-/// A prerequisite of the calling test is missing (`why`): fails under `CI=true` (CI must run
-/// every test), else prints the reason; the caller then returns.
-pub fn skip_unless_ci(why: &str) {
-    assert!(
-        std::env::var("CI").as_deref() != Ok("true"),
-        "CI=true, but this test cannot run here: {why}"
-    );
-    println!("skipped: {why}");
-}
+pub mod skip;
+pub use skip::skip_unless_ci;
 
 /// An example binary `cargo test` builds next to the test binaries.
 pub fn example(name: &str) -> std::path::PathBuf {

@@ -21,18 +21,18 @@ pub fn reset_peak_rss() -> bool {
 }
 
 #[cfg(test)]
+#[path = "../../tests/common/skip.rs"]
+mod skip;
+
+#[cfg(test)]
 mod tests {
+    use super::skip;
     use super::*;
 
     #[test]
     fn the_peak_follows_a_large_allocation_and_resets() {
         let Some(before) = peak_rss_bytes() else {
-            assert!(
-                !cfg!(target_os = "linux") || std::env::var("CI").is_err(),
-                "CI=true: no /proc/self/status"
-            );
-            eprintln!("skipped: no /proc/self/status here");
-            return;
+            return skip::skip_unless("no /proc/self/status here", !cfg!(target_os = "linux"));
         };
         let big = vec![1u8; 64 << 20];
         std::hint::black_box(&big);
