@@ -49,8 +49,20 @@ impl Aborter {
     }
 }
 
+/// What a rank thread does first when it panics (see [`on_panic`]).
+type PanicAction = Box<dyn FnOnce(&str)>;
+
 thread_local! {
     static LAST_PANIC: RefCell<Option<String>> = const { RefCell::new(None) };
+    static ON_PANIC: RefCell<Option<PanicAction>> = const { RefCell::new(None) };
+}
+
+/// Sets what this thread does first if it panics, called by the panic hook with the message
+/// before the previous hook prints the panic (with `RUST_BACKTRACE` set, symbolizing a
+/// backtrace of a large binary takes seconds, during which peers would wait): a rank fails
+/// its node with it at once. `None` clears it. Needs [`note_panics`].
+pub fn on_panic(action: Option<PanicAction>) {
+    ON_PANIC.with(|a| *a.borrow_mut() = action);
 }
 
 /// Installs (once per process) a panic hook that records each thread's panic message before
@@ -65,7 +77,11 @@ pub fn note_panics() {
                 .location()
                 .map(|l| format!(" at {}:{}", l.file(), l.line()))
                 .unwrap_or_default();
-            LAST_PANIC.with(|p| *p.borrow_mut() = Some(format!("{msg}{at}")));
+            let msg = format!("{msg}{at}");
+            LAST_PANIC.with(|p| *p.borrow_mut() = Some(msg.clone()));
+            if let Some(act) = ON_PANIC.with(|a| a.borrow_mut().take()) {
+                act(&msg);
+            }
             prev(info);
         }));
     });

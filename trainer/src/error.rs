@@ -123,6 +123,19 @@ pub enum OtherRank {
     ManifestNotWritten { step: usize },
     #[error("rank 0 could not read the checkpoints in {}", .root.display())]
     ListUnreadable { root: PathBuf },
+    /// Machine-local checkpoint directories that do not hold the same checkpoints.
+    #[error(
+        "the ranks see different checkpoints in {}: rank {rank} lists steps {theirs}, rank 0 \
+         lists {rank0} (machine-local directories out of step?); make them hold the same \
+         checkpoints, or resume from rank 0's with --trust-rank0-checkpoints",
+        .root.display()
+    )]
+    ListingsDiffer {
+        root: PathBuf,
+        rank: usize,
+        theirs: String,
+        rank0: String,
+    },
     #[error(
         "{ranks} rank(s) found checkpoint {} unfit for this run (their errors are above)",
         .dir.display()

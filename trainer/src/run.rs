@@ -148,7 +148,7 @@ where
             let rank = pg.rank();
             std::thread::Builder::new()
                 .name(format!("wiretrain-rank-{rank}"))
-                .spawn(move || rank_thread(pg, &plan, stop, heal, &*f, &failure))
+                .spawn(move || rank_thread(pg, &plan, stop, heal, &*f, failure))
         })
         .collect::<Result<_, _>>()
         .map_err(|e| RunError::Signal(format!("spawning a rank thread: {e}")))?;
@@ -181,7 +181,7 @@ fn rank_thread<T, E: std::fmt::Display, F: Fn(RankContext) -> Result<T, E>>(
     stop: Arc<AtomicBool>,
     heal: Option<Arc<Healer>>,
     f: &F,
-    failure: &FirstFailure,
+    failure: Arc<FirstFailure>,
 ) -> Option<T> {
     let (rank, local) = (pg.rank(), pg.local_rank());
     let first_aborter = pg.aborter();
@@ -206,9 +206,21 @@ fn rank_thread<T, E: std::fmt::Display, F: Fn(RankContext) -> Result<T, E>>(
         stop,
         heal: heal.clone(),
     };
-    // The process group drops while unwinding and aborts the node with the panic message
-    // (comm's panic hook recorded it); the payload is kept here for the report.
-    match std::panic::catch_unwind(AssertUnwindSafe(|| f(ctx))) {
+    // A panic fails the node from comm's panic hook, before the panic is printed (a
+    // backtrace can take seconds); the payload is kept here for the report.
+    let (fail, heal_at_panic, aborter_at_panic) = (failure.clone(), heal.clone(), aborter());
+    wiretrain_comm::abort::on_panic(Some(Box::new(move |msg: &str| {
+        fail.record(true, rank, msg.to_string());
+        if let Some(h) = &heal_at_panic {
+            h.abandon(&format!("rank {rank} panicked: {msg}"));
+        }
+        let a = heal_at_panic.as_ref().and_then(|h| h.aborter(local));
+        a.unwrap_or(aborter_at_panic)
+            .abort(&format!("panicked: {msg}"));
+    })));
+    let res = std::panic::catch_unwind(AssertUnwindSafe(|| f(ctx)));
+    wiretrain_comm::abort::on_panic(None);
+    match res {
         Ok(Ok(v)) => Some(v),
         Ok(Err(e)) => {
             let msg = e.to_string();

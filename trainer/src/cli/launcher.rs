@@ -25,6 +25,10 @@ pub use super::elastic::Elastic;
 use super::elastic::{Restart, describe_restart, killed, strip_switch, unix_ms_at};
 use super::heal_local::{Healing, Slot, wait_healing};
 
+mod ended;
+pub(super) use ended::Ended;
+use ended::{verdict, wait_all};
+
 /// Why a local launch failed.
 #[derive(Debug, thiserror::Error)]
 pub enum LaunchError {
@@ -517,82 +521,6 @@ impl<'a> LocalLaunch<'a> {
             }
         }
         Ok(())
-    }
-}
-
-/// How an epoch of a local launch ended: every node's exit status (`None`: it had to be
-/// killed after the grace period, or could not be waited for) and when the first failure was
-/// seen.
-pub(super) struct Ended {
-    pub status: Vec<Option<ExitStatus>>,
-    pub detected: Option<Instant>,
-}
-
-fn wait_all(mut children: Vec<Child>, grace: Duration) -> Result<Ended, LaunchError> {
-    let mut status: Vec<Option<ExitStatus>> = vec![None; children.len()];
-    let mut first_failure: Option<Instant> = None;
-    loop {
-        for (i, c) in children.iter_mut().enumerate() {
-            if status[i].is_none()
-                && let Some(st) = c.try_wait()?
-            {
-                status[i] = Some(st);
-                if !st.success() && first_failure.is_none() {
-                    first_failure = Some(Instant::now());
-                }
-            }
-        }
-        if status.iter().all(Option::is_some) {
-            break;
-        }
-        if let Some(t) = first_failure
-            && t.elapsed() > grace
-        {
-            for (i, c) in children.iter_mut().enumerate() {
-                if status[i].is_none() {
-                    let _ = c.kill();
-                    let _ = c.wait();
-                }
-            }
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Ok(Ended {
-        status,
-        detected: first_failure,
-    })
-}
-
-/// What the nodes' exit statuses mean for the launch: success, a signal passed on, or the
-/// failures (the exit code that of the first failed node).
-fn verdict(status: &[Option<ExitStatus>]) -> Result<(), LaunchError> {
-    let failures: Vec<String> = status
-        .iter()
-        .enumerate()
-        .filter_map(|(i, s)| match s {
-            Some(s) if s.success() => None,
-            Some(s) => Some(format!("node {i} exited with {s}")),
-            None => Some(format!(
-                "node {i} did not exit within the grace period (killed)"
-            )),
-        })
-        .collect();
-    let code = status
-        .iter()
-        .flatten()
-        .find(|s| !s.success())
-        .map_or(1, |s| exit_code(*s));
-    let all_interrupted = status.iter().all(|s| {
-        s.is_some_and(|s| s.success() || s.code() == Some(wiretrain::signal::INTERRUPTED_EXIT))
-    });
-    if failures.is_empty() {
-        Ok(())
-    } else if all_interrupted {
-        // A node was stopped by a signal (e.g. Ctrl-C on one machine) and took the job along.
-        Err(LaunchError::Interrupted)
-    } else {
-        Err(LaunchError::Failed { failures, code })
     }
 }
 

@@ -107,6 +107,10 @@ pub struct TrainArgs {
     /// every step (the path before device-resident DDP; for comparisons).
     #[arg(long)]
     pub host_path: bool,
+    /// --resume takes the checkpoints rank 0 lists even where another node's directory holds
+    /// others (by default every node lists its own and a difference is refused).
+    #[arg(long)]
+    pub trust_rank0_checkpoints: bool,
     /// Write a PNG plot of loss and throughput here (default: the metrics path with .png).
     #[arg(long)]
     pub plot: Option<PathBuf>,

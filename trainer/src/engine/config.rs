@@ -69,6 +69,7 @@ pub struct TrainerConfig {
     pub(super) overlap: Overlap,
     pub(super) diloco: Option<Diloco>,
     pub(super) checkpoint_timeout: Duration,
+    pub(super) trust_rank0_checkpoints: bool,
     pub(super) faults: Faults,
 }
 
@@ -89,6 +90,7 @@ impl TrainerConfig {
             overlap: Overlap::Auto,
             diloco: None,
             checkpoint_timeout: Duration::from_secs(600),
+            trust_rank0_checkpoints: false,
             faults: Faults::default(),
         }
     }
@@ -209,6 +211,9 @@ impl TrainerConfigBuilder {
         /// The deadline of the collectives of a checkpoint save (ranks that wrote their part wait
         /// there for the slowest writer); the longer of this and the collective timeout applies.
         checkpoint_timeout(timeout: Duration);
+        /// A resume takes the checkpoints rank 0 lists even where another rank's directory
+        /// holds others (off: every rank lists its own and a difference fails the resume).
+        trust_rank0_checkpoints(on: bool);
         /// Injected faults and slowdowns (none by default; see [`crate::faults`]).
         faults(faults: Faults);
     }

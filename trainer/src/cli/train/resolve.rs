@@ -168,6 +168,7 @@ impl TrainArgs {
             .wire(wire)
             .fused_optimizer(!self.no_fused_optimizer && file.fused_optimizer.unwrap_or(true))
             .device_resident(!self.host_path)
+            .trust_rank0_checkpoints(self.trust_rank0_checkpoints)
             .diloco(diloco)
             .checkpoint_timeout(checkpoint_timeout)
             // The binary is where the environment's injected faults enter (wiretrain::faults).

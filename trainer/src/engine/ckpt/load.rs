@@ -86,44 +86,57 @@ impl<M: Module> Trainer<M> {
         }
     }
 
-    /// The newest valid steps under `root`, as rank 0 lists them, on every rank (at most
-    /// [`MAX_FALLBACK`], newest first).
+    /// The newest valid steps under `root` (at most [`MAX_FALLBACK`], newest first), agreed by
+    /// every rank: each lists its own directory (machine-local disks differ), and when a
+    /// rank's list differs from rank 0's the resume fails naming both, unless the
+    /// configuration trusts rank 0's list ([`TrainerConfigBuilder::trust_rank0_checkpoints`]).
+    ///
+    /// [`TrainerConfigBuilder::trust_rank0_checkpoints`]: crate::engine::TrainerConfigBuilder::trust_rank0_checkpoints
     fn agreed_steps(&mut self, root: &Path) -> Result<Vec<usize>, TrainError> {
-        // Rank 0 lists the checkpoints; every rank gets its answer: the newest steps, or
-        // that it could not read the directory.
-        let mut mine = None;
-        let mut listed: Result<Vec<u64>, ()> = Ok(Vec::new());
-        if self.pg.rank() == 0 {
-            match crate::checkpoint::list_valid(root) {
-                Ok(valid) => {
-                    listed = Ok(valid
-                        .iter()
-                        .rev()
-                        .take(MAX_FALLBACK)
-                        .map(|(s, _)| *s as u64)
-                        .collect());
-                }
-                Err(e) => {
-                    listed = Err(());
-                    mine = Some(e);
-                }
+        let (listed, mine) = match crate::checkpoint::list_valid(root) {
+            Ok(valid) => {
+                let steps = valid.iter().rev().take(MAX_FALLBACK);
+                (
+                    Ok(steps.map(|(s, _)| *s as u64).collect::<Vec<u64>>()),
+                    None,
+                )
             }
-        }
+            Err(e) => (Err(()), Some(e)),
+        };
         let bytes = serde_json::to_vec(&listed).expect("a list serializes");
         // At most MAX_FALLBACK steps in JSON: a longer list is refused before it is read.
-        let got = self
+        let all = self
             .pg
-            .broadcast_bytes_within(&bytes, 0, 64 + 24 * MAX_FALLBACK)?;
+            .all_gather_bytes_within(&bytes, 64 + 24 * MAX_FALLBACK)?;
         if let Some(e) = mine {
             return Err(e.into());
         }
-        match serde_json::from_slice::<Result<Vec<u64>, ()>>(&got) {
-            Ok(Ok(steps)) => Ok(steps.into_iter().map(|s| s as usize).collect()),
-            _ => Err(OtherRank::ListUnreadable {
+        let parse = |b: &[u8]| serde_json::from_slice::<Result<Vec<u64>, ()>>(b).ok();
+        let lists: Vec<Option<Result<Vec<u64>, ()>>> = all.iter().map(|b| parse(b)).collect();
+        let Some(Ok(steps)) = lists[0].clone() else {
+            return Err(OtherRank::ListUnreadable {
                 root: root.to_path_buf(),
             }
-            .into()),
+            .into());
+        };
+        if !self.cfg.trust_rank0_checkpoints
+            && let Some((rank, theirs)) = lists
+                .iter()
+                .enumerate()
+                .find(|(_, l)| l.as_ref() != Some(&Ok(steps.clone())))
+        {
+            return Err(OtherRank::ListingsDiffer {
+                root: root.to_path_buf(),
+                rank,
+                theirs: match theirs {
+                    Some(Ok(s)) => format!("{s:?}"),
+                    _ => "an unreadable directory".into(),
+                },
+                rank0: format!("{steps:?}"),
+            }
+            .into());
         }
+        Ok(steps.into_iter().map(|s| s as usize).collect())
     }
 
     /// Every rank learns whether all of them succeeded; a failing rank logs its own error
@@ -280,3 +293,6 @@ impl<M: Module> Trainer<M> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
