@@ -259,7 +259,7 @@ fn real_main(args: &[String]) -> Result<(), Failure> {
         other => (1, other.to_string()),
     })?;
     if results.iter().any(|i| *i) {
-        eprintln!("learner: interrupted; every rank stopped after the same step");
+        eprintln!("learner: interrupted");
         std::process::exit(130);
     }
     Ok(())
@@ -316,7 +316,13 @@ fn train_rank(ctx: RankContext, setup: &Setup) -> Result<bool, String> {
         .batch_size(setup.batch)
         .build(InMemDataset::new(spirals(TRAIN, 0)));
     let heal = ctx.heal.clone();
-    let strategy = strategy_for(ctx.pg, &device, setup, (ctx.stop.clone(), heal))?;
+    let steps = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let strategy = strategy_for(
+        ctx.pg,
+        &device,
+        setup,
+        (ctx.stop.clone(), heal, steps.clone()),
+    )?;
     // Rank 0 renders and logs; the others stay silent and write nothing.
     let dir = if rank == 0 {
         setup.out.clone()
@@ -340,7 +346,14 @@ fn train_rank(ctx: RankContext, setup: &Setup) -> Result<bool, String> {
     }
     match res.error {
         Some(e) => Err(e.to_string()),
-        None => Ok(res.interrupted.is_some()),
+        None if res.interrupted.is_some() => {
+            // Each rank's own count, so that "every rank stopped after the same step" is
+            // checked, not assumed.
+            let n = steps.load(std::sync::atomic::Ordering::Relaxed);
+            eprintln!("learner: rank {rank} stopped after step {n}");
+            Ok(true)
+        }
+        None => Ok(false),
     }
 }
 
@@ -392,9 +405,10 @@ fn strategy_for(
     pg: wiretrain::comm::ProcessGroup,
     device: &Device,
     setup: &Setup,
-    (stop, heal): (
+    (stop, heal, steps): (
         Arc<std::sync::atomic::AtomicBool>,
         Option<Arc<wiretrain::heal::Healer>>,
+        Arc<std::sync::atomic::AtomicUsize>,
     ),
 ) -> Result<TrainingStrategy<Net>, String> {
     let (device, cfg) = (device.clone(), setup.cfg.clone());
@@ -404,7 +418,8 @@ fn strategy_for(
             let mut s = $strategy
                 .map_err(|e| e.to_string())?
                 .with_stop_flag(stop)
-                .with_heal(heal);
+                .with_heal(heal)
+                .with_step_counter(steps.clone());
             if let Some((d, resume)) = &setup.sharded {
                 s = s.sharded_checkpoints(d, setup.keep, *resume);
             }

@@ -63,8 +63,11 @@ fn measured_heap_peaks_fall_from_ddp_to_zero2_to_zero3() {
         zero2 / 1e6,
         zero3 / 1e6
     );
+    // At least 2 bytes per parameter: device-resident DDP no longer copies its parameters
+    // and gradients through host vectors every step (its peak fell from 131.1 to 123.2 MB),
+    // and ZeRO-2's own peak spreads by ~2 bytes per parameter from run to run (105.9-112.0 MB).
     assert!(
-        ddp - zero2 >= 4.0 * total,
+        ddp - zero2 >= 2.0 * total,
         "ZeRO-2 saves {:.2} bytes per parameter over DDP (theory 6)",
         (ddp - zero2) / total
     );

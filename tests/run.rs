@@ -104,6 +104,12 @@ fn check_clean_stop(mut child: Child, m: &Path) {
     assert_eq!(summary["stopped_early"], true, "{summary}");
     let done = summary["steps_done"].as_u64().unwrap();
     assert_eq!(done as usize, all.len() - 1);
+    // Every rank's own count: all stopped after the same step.
+    let ranks = summary["memory_per_rank"].as_array().unwrap();
+    assert_eq!(ranks.len(), 4, "{summary}");
+    for r in ranks {
+        assert_eq!(r["steps_done"].as_u64(), Some(done), "{r}");
+    }
     assert!(m.with_extension("png").exists());
 }
 

@@ -117,6 +117,32 @@ fn device_resident_ddp_moves_each_gradient_byte_once_each_way_and_matches_the_ho
     }
 }
 
+/// ZeRO-1 and ZeRO-2 on the host path (the CPU backend has no fused optimizer): each
+/// gradient bucket down once, the owned shard's master and gradient up and its update down
+/// (P/2 each at 2 x 1), the gathered parameters up once; a wait per bucket, the optimizer's
+/// read and the loss's. Hybrid at 2 x 1 owns everything (one rank per node).
+#[test]
+fn sharded_strategies_move_what_their_shards_need_counted_exactly() {
+    let p = 6922u64;
+    let buckets = p.div_ceil(1024);
+    for (strategy, owned) in [("zero1", p / 2), ("zero2", p / 2), ("hybrid", p)] {
+        let mut train = vec!["train"];
+        train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
+        train.extend(["--overlap", "off"]);
+        let args = common::local("2", "1", &train);
+        let rows = common::train_metrics(strategy, &args, &[], Duration::from_secs(600));
+        for r in rows.iter().filter(|r| r.get("summary").is_none()) {
+            assert_eq!(
+                field(r, "d2h_bytes"),
+                4 * p + 4 * owned + 4,
+                "{strategy}: {r}"
+            );
+            assert_eq!(field(r, "h2d_bytes"), 8 * owned + 4 * p, "{strategy}: {r}");
+            assert_eq!(field(r, "device_waits"), buckets + 2, "{strategy}: {r}");
+        }
+    }
+}
+
 /// World 1 on lavapipe (a real wgpu device): nothing but the loss scalar crosses, the
 /// device reports its memory, and the run equals the host path (the fused WGSL AdamW there,
 /// Burn's AdamW on the device here: the same math in another order, hence 1e-5 as the

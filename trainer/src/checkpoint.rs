@@ -352,6 +352,13 @@ mod tests {
         let mut fmt = ok.clone();
         fmt.format = "other/9".into();
         assert!(validate(&fmt).is_err());
+        // Crafted sums that overflow are refused, not a panic (issue 42, item 7).
+        let mut ranks = ok.clone();
+        ranks.ranks_per_node = vec![usize::MAX, 2];
+        assert!(validate(&ranks).unwrap_err().contains("ranks per node"));
+        let mut ranges = ok.clone();
+        ranges.files[0].ranges = vec![[0, usize::MAX], [0, usize::MAX]];
+        assert!(validate(&ranges).is_err());
         // DiLoCo: whole-vector files, one per node after the first.
         let mut dl = ok;
         dl.diloco = Some(DilocoManifest {

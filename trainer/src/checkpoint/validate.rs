@@ -9,7 +9,11 @@ pub(super) fn validate(m: &Manifest) -> Result<(), String> {
     if m.format != FORMAT {
         return Err(format!("format {:?}, expected {FORMAT:?}", m.format));
     }
-    if m.world == 0 || m.ranks_per_node.iter().sum::<usize>() != m.world {
+    let ranks = m
+        .ranks_per_node
+        .iter()
+        .try_fold(0usize, |a, &r| a.checked_add(r));
+    if m.world == 0 || ranks != Some(m.world) {
         return Err(format!(
             "world {} does not match ranks per node {:?}",
             m.world, m.ranks_per_node
@@ -115,7 +119,11 @@ pub(super) fn check_file(f: &FileEntry, state_tensors: usize) -> Result<(), Stri
     if f.sha256.len() != 64 || !f.sha256.chars().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!("file {}: bad sha256 {:?}", f.name, f.sha256));
     }
-    let n: usize = f.ranges.iter().map(|r| r[1].saturating_sub(r[0])).sum();
+    let n = f
+        .ranges
+        .iter()
+        .try_fold(0usize, |a, r| a.checked_add(r[1].saturating_sub(r[0])))
+        .ok_or_else(|| format!("file {}: its ranges overflow", f.name))?;
     // Data plus a small header; a file claiming more bytes than that is refused unread.
     let limit = (n as u64)
         .saturating_mul(4 * (1 + state_tensors as u64))

@@ -214,6 +214,7 @@ impl Record {
             median(&self.split, H2D) as u64,
             median(&self.split, WAITS) as u64,
             peak_device(&self.split),
+            steps_done as u64,
         ];
         let per_rank = gather_memory(trainer.process_group(), mine)?;
         let full_params = match &run.save_params {
@@ -426,11 +427,11 @@ fn medians(reports: &[[f64; SPLIT]]) -> serde_json::Value {
 
 /// Every rank's [params, grads, optim, peak RSS of its process during the steps, peak live heap
 /// bytes of its process during the steps (0: not counted)] bytes, its median bytes to and
-/// from its device and device waits per step, and its device's peak memory in use (0: not
-/// reported), in rank order.
+/// from its device and device waits per step, its device's peak memory in use (0: not
+/// reported), and the steps it completed, in rank order.
 fn gather_memory(
     pg: &mut wiretrain_comm::ProcessGroup,
-    mine: [u64; 9],
+    mine: [u64; 10],
 ) -> Result<Vec<serde_json::Value>, wiretrain_comm::Error> {
     let bytes: Vec<u8> = mine.iter().flat_map(|v| v.to_le_bytes()).collect();
     let all = pg.all_gather_bytes(&bytes)?;
@@ -455,6 +456,7 @@ fn gather_memory(
                 "h2d_bytes_per_step": at(6),
                 "device_waits_per_step": at(7),
                 "device_mem_peak": Some(at(8)).filter(|&b| b > 0),
+                "steps_done": at(9),
             })
         })
         .collect())

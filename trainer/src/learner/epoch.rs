@@ -74,6 +74,7 @@ where
         stop: (&stop, s.stop.as_deref()),
         heal: s.heal.as_deref(),
         steps: steps0,
+        counter: s.steps.as_deref(),
     };
     let end = EpochEnd {
         valid: valid.as_deref(),
@@ -120,6 +121,8 @@ struct Run<'a, M: LearnerModel> {
     heal: Option<&'a Healer>,
     /// Optimizer steps the trainer's state holds since this fit began (what a heal agrees).
     steps: usize,
+    /// The user's copy of `steps` (see `WiretrainStrategy::with_step_counter`).
+    counter: Option<&'a std::sync::atomic::AtomicUsize>,
 }
 
 impl<M: LearnerModel> Run<'_, M>
@@ -206,6 +209,7 @@ where
                         let (steps, taken) =
                             super::heal::heal(&mut self.trainer, h, &reason, cut, spot)?;
                         self.steps = steps;
+                        self.count();
                         // Every rank goes on after the furthest batch any had taken, with the
                         // next batches of its own share (the learning rate schedule steps
                         // past them too, so that every rank's stays in step).
@@ -219,6 +223,7 @@ where
                 },
             };
             self.steps += 1;
+            self.count();
             let device = item.local_loss().device();
             let item = item.with_loss(Tensor::from_floats([rep.loss], &device));
             let item = TrainingItem::new(item, progress, Some(iteration), Some(lr));
@@ -232,6 +237,13 @@ where
         }
         self.train_event(LearnerEvent::EndSplit(epoch));
         Ok(())
+    }
+
+    /// Publishes the step count to the user's counter.
+    fn count(&self) {
+        if let Some(c) = self.counter {
+            c.store(self.steps, Ordering::Relaxed);
+        }
     }
 
     fn train_event(&mut self, e: LearnerEvent<<M as TrainStep>::Output>) {

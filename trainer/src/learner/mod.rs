@@ -81,6 +81,8 @@ pub struct WiretrainStrategy {
     device: Device,
     cfg: TrainerConfig,
     stop: Option<Arc<AtomicBool>>,
+    /// Where the fit keeps its optimizer step count (see `with_step_counter`).
+    steps: Option<Arc<std::sync::atomic::AtomicUsize>>,
     sharded: Option<(PathBuf, usize, bool)>,
     heal: Option<Arc<Healer>>,
     /// The sharded-checkpoint directory's lock, held by rank 0's process while the fit runs.
@@ -101,6 +103,7 @@ impl WiretrainStrategy {
             device: device.autodiff(),
             cfg,
             stop: None,
+            steps: None,
             sharded: None,
             heal: None,
             dir_lock: Mutex::new(None),
@@ -155,6 +158,13 @@ impl WiretrainStrategy {
     /// survivors go on in the same process from the step in memory. `None` leaves it off.
     pub fn with_heal(mut self, heal: Option<Arc<Healer>>) -> Self {
         self.heal = heal;
+        self
+    }
+
+    /// Keeps the optimizer steps this rank's fit has taken in `counter` (updated after every
+    /// step and heal): after a stop, every rank's count is the same.
+    pub fn with_step_counter(mut self, counter: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        self.steps = Some(counter);
         self
     }
 
@@ -217,6 +227,11 @@ impl WiretrainUnitsStrategy {
     /// See [`WiretrainStrategy::with_heal`].
     pub fn with_heal(self, heal: Option<Arc<Healer>>) -> Self {
         Self(self.0.with_heal(heal))
+    }
+
+    /// [`WiretrainStrategy::with_step_counter`].
+    pub fn with_step_counter(self, counter: Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        Self(self.0.with_step_counter(counter))
     }
 }
 
