@@ -21,7 +21,7 @@ ROUNDS=${ROUNDS:-5}
 BYTES=${BYTES:-64M}
 ITERS=${ITERS:-10}
 PY=${PY:-$HOME/.venvs/torch/bin/python}
-GLOO=${GLOO:-../shared/anchors/gloo_bench.py}
+GLOO=${GLOO:-scripts/gloo_bench.py}
 OPS=p2p,all-reduce,reduce-scatter,all-gather
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr); old=$OLD new=$BIN"
 run() { # label, binary, shape args...

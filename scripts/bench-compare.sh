@@ -6,7 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=${BIN:-${CARGO_TARGET_DIR:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/target}/release/wiretrain}
 PY=${PY:-$HOME/.venvs/torch/bin/python}
-GLOO=${GLOO:-../shared/anchors/gloo_bench.py}
+GLOO=${GLOO:-scripts/gloo_bench.py}
 ITERS=${ITERS:-10}
 echo "# $(date -u +%FT%TZ) $(nproc) cores, $(uname -sr)"
 if [ -x "$PY" ] && [ -f "$GLOO" ]; then

@@ -385,3 +385,61 @@ fn losing_the_rendezvous_host_fails_every_agent() {
     }
     let _ = std::fs::remove_dir_all(&d);
 }
+
+/// Agents that do not belong are kept out (issue 42, item 6): an agent started with other
+/// settings (here `--steps`) is refused by the host naming the first differing argument with
+/// both values; one of another job id (WIRETRAIN_JOB_ID, as a leftover agent of an earlier
+/// launch has) cannot connect; one with a weak token stops before it dials. The host goes on
+/// waiting for agents that belong.
+#[test]
+fn agents_with_other_settings_another_job_or_a_weak_token_are_refused() {
+    let d = dir("agents-refused");
+    let ck = d.join("ck");
+    let master = format!("127.0.0.1:{}", free_port());
+    let extra = ["--checkpoint-dir", s(&ck)];
+    let mut host = agent(&master, "127.0.0.1", "400", &extra);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut other_steps = agent(&master, "127.0.0.2", "500", &extra);
+    let st = common::wait_exit_or(&mut other_steps, Duration::from_secs(60), "not refused");
+    let err = common::stderr_of(&mut other_steps);
+    assert!(!st.success(), "{err}");
+    assert!(
+        err.contains("refused")
+            && err.contains(
+                "argument 7 of the node command differs: `500` on this agent, `400` in the job"
+            ),
+        "{err}"
+    );
+
+    let mut a = vec!["launch", "--nnodes", "2:3", "--max-restarts", "2"];
+    a.extend([
+        "--master",
+        &master,
+        "--host",
+        "127.0.0.3",
+        "--join-window",
+        "10",
+    ]);
+    a.extend(["--grace", "10", "--", "train"]);
+    a.extend(common::mlp("zero2", "400", BATCH, "5", "cpu"));
+    a.extend(["--checkpoint-every", "10", "--checkpoint-keep", "100"]);
+    a.extend(["--idle-timeout", "3"]);
+    a.extend_from_slice(&extra);
+    let mut other_job = common::spawn(&a, &[TOKEN, ("WIRETRAIN_JOB_ID", "an-earlier-launch")]);
+    let st = common::wait_exit_or(&mut other_job, Duration::from_secs(60), "joined");
+    let err = common::stderr_of(&mut other_job);
+    assert!(!st.success() && err.contains("is of another job"), "{err}");
+
+    let weak = ("WIRETRAIN_TOKEN", "hunter2");
+    let mut weak_agent = common::spawn(&a, &[weak]);
+    let st = common::wait_exit_or(&mut weak_agent, Duration::from_secs(30), "dialed");
+    let err = common::stderr_of(&mut weak_agent);
+    assert!(!st.success() && err.contains("at least 128 bits"), "{err}");
+    assert!(!err.contains("hunter2"), "the token is not printed: {err}");
+
+    // The host still waits for agents of its job (none of the three was let in).
+    assert!(host.try_wait().unwrap().is_none(), "the host ended");
+    common::signal(host.id(), "-9");
+    let _ = host.wait();
+    let _ = std::fs::remove_dir_all(&d);
+}

@@ -3,8 +3,8 @@
 //! -9 under DDP (under HSDP, under DiLoCo, and under hybrid, 2 ranks per node, with one
 //! survivor's state made to differ) leaves two processes that go on in epoch 1 from their
 //! in-memory state, with no checkpoint read and at most one step lost; their parameters and
-//! losses equal those of a 2-node `--resume` from the checkpoint of the step they went on
-//! from.
+//! losses equal those of the same job run without a failure on 3 nodes up to that step and
+//! resumed on 2 nodes from that run's own checkpoint.
 
 mod common;
 
@@ -54,7 +54,8 @@ fn kill_and_heal(
     kill_heal_inspect((strategy, flags), ranks, envs, transferred, &|_| {})
 }
 
-/// [`kill_and_heal`], then `inspect` on the run's checkpoint directory before it is removed.
+/// [`kill_and_heal`], then `inspect` on the run's directory before it is removed (its
+/// checkpoints in `ck`, the failure-free run's in `ck-3`).
 fn kill_heal_inspect(
     (strategy, flags): (&str, &[&str]),
     ranks: &str,
@@ -150,15 +151,38 @@ fn kill_heal_inspect(
         "no heal marker in the trace"
     );
 
-    // A 2-node resume from the checkpoint of the step the heal went on from: same losses,
-    // same parameters.
+    // The reference, independent of the healed run: the same job run through the same world
+    // sizes without a failure, 3 nodes up to the step where the healed world took over, then
+    // 2 nodes resumed from that run's own checkpoint. Not the healed run's checkpoints: when
+    // the kill lands in a checkpoint write, the healed world writes the checkpoint of the step
+    // it goes on from itself. When the healed world ran a DiLoCo outer step that no node
+    // completed, no failure-free run holds its state (nodes 0 and 1 stepped on a 3-node share
+    // of the data, then averaged alone): `inspect` checks the healed run's checkpoint of that
+    // step against the survivors' states taken from the failure-free run, and the reference
+    // resumes from it. Same losses, same parameters.
+    let outer = heal["outer_step_ran"] == true;
+    let switch = if outer { failed } else { from };
+    let ck3 = uninterrupted(
+        &d,
+        (strategy, flags),
+        ranks,
+        switch,
+        &all[..failed.min(switch)],
+    );
+    let ck_from = if outer {
+        inspect(&d);
+        d.join("ck")
+    } else {
+        ck3
+    };
     let (m2, p2) = (d.join("m2.jsonl"), d.join("p2.bin"));
     let mut extra = vec!["--metrics", s(&m2), "--save-params", s(&p2)];
     extra.extend_from_slice(flags);
-    common::ckpt::resume_copy(&d, &d.join("ck"), from, ("2", ranks), strategy, &extra);
-    let reference = losses(&m2);
+    common::ckpt::resume_copy(&d, &ck_from, from, ("2", ranks), strategy, &extra);
+    let reference: Vec<(usize, f64)> = losses(&m2).into_iter().filter(|x| x.0 >= from).collect();
     let after = &all[all.len() - reference.len()..];
     assert_eq!(after.first().map(|x| x.0), Some(from));
+    assert_eq!(reference.len(), 300 - from);
     common::ckpt::assert_same_losses(after, &reference);
     let (healed, resumed) = (floats(&d.join("p.bin")), floats(&p2));
     assert_eq!(healed.len(), resumed.len());
@@ -168,9 +192,44 @@ fn kill_heal_inspect(
         .map(|(a, b)| (a - b).abs())
         .fold(0.0f32, f32::max);
     assert!(worst <= 1e-5, "parameters differ by {worst}");
-    inspect(&d.join("ck"));
+    if !outer {
+        inspect(&d);
+    }
     let _ = std::fs::remove_dir_all(&d);
     Some(heal.clone())
+}
+
+/// The same job as [`heal_args`] without a failure, on 3 nodes, for `steps` steps (a
+/// checkpoint after each, in `d/ck-3`): its losses must equal the healed run's `before` (its
+/// steps before the failure). Returns its checkpoint directory.
+fn uninterrupted(
+    d: &Path,
+    (strategy, flags): (&str, &[&str]),
+    ranks: &str,
+    steps: usize,
+    before: &[(usize, f64)],
+) -> std::path::PathBuf {
+    let (ck, m) = (d.join("ck-3"), d.join("m3.jsonl"));
+    let n = steps.to_string();
+    let mut a = vec![
+        "launch",
+        "--local",
+        "3",
+        "--ranks-per-node",
+        ranks,
+        "--",
+        "train",
+    ];
+    a.extend(common::mlp(strategy, &n, BATCH, "5", "cpu"));
+    a.extend_from_slice(flags);
+    a.extend(["--checkpoint-every", "1", "--checkpoint-keep", "400"]);
+    a.extend(["--checkpoint-dir", s(&ck), "--metrics", s(&m)]);
+    let a: Vec<String> = a.into_iter().map(String::from).collect();
+    common::ckpt::run_ok(&a);
+    let three = losses(&m);
+    assert_eq!(three.len(), steps);
+    common::ckpt::assert_same_losses(before, &three[..before.len()]);
+    ck
 }
 
 #[test]
@@ -232,30 +291,64 @@ fn under_diloco_the_outer_step_a_death_cut_off_runs_on_the_healed_world() {
     assert_eq!(heal["outer_step_ran"], true, "{heal}");
 }
 
-/// Between the checkpoints of steps 23 (3 nodes) and 24 (written after the heal): one outer
-/// step, m' = mu m + d and a' = a - lr (d + mu m') (lr 0.7, mu 0.5), and both nodes at a'.
-fn one_outer_step(ck: &Path) {
+/// The healed run's checkpoint of step 24 (written after the heal) against the survivors' own
+/// states: nodes 0 and 1's parameters after step 23 come from the failure-free 3-node run
+/// (its checkpoint of step 23, resumed on 3 nodes for one step with 5 inner steps a round, so
+/// that step 23 ends no round and the checkpoint of step 24 holds each node's inner state).
+/// With d the mean over nodes 0 and 1 of anchor - parameters: one outer step,
+/// m' = mu m + d and a' = a - lr (d + mu m') (lr 0.7, mu 0.5), and both nodes at a'.
+fn one_outer_step(d: &Path) {
     use wiretrain::checkpoint::Checkpoint;
-    let open = |s: usize| Checkpoint::open(&ck.join(format!("step-{s:08}"))).unwrap();
-    let (before, after) = (open(23), open(24));
-    let (o, o2) = (
-        before.read_outer().unwrap().unwrap(),
-        after.read_outer().unwrap().unwrap(),
-    );
-    assert_eq!((o.inner_done, o2.inner_done), (23, 24));
+    let probe = d.join("ck-probe");
+    let name = "step-00000023";
+    std::fs::create_dir_all(&probe).unwrap();
+    let cp = std::process::Command::new("cp")
+        .args(["-r", s(&d.join("ck-3").join(name)), s(&probe.join(name))])
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let mut a = vec!["launch", "--local", "3", "--", "train"];
+    a.extend(common::mlp("diloco", "24", BATCH, "5", "cpu"));
+    a.extend(["--inner-steps", "5", "--outer-momentum", "0.5"]);
+    a.extend([
+        "--checkpoint-every",
+        "1",
+        "--checkpoint-dir",
+        s(&probe),
+        "--resume",
+    ]);
+    let a: Vec<String> = a.into_iter().map(String::from).collect();
+    common::ckpt::run_ok(&a);
+    let open = |dir: &Path| Checkpoint::open(&dir.join("step-00000024")).unwrap();
+    let (states, after) = (open(&probe), open(&d.join("ck")));
+    let o = states.read_outer().unwrap().unwrap();
+    assert_eq!(o.inner_done, 24, "the probe ran step 23 and no outer step");
+    let whole = 0..states.manifest.total;
+    let all = std::slice::from_ref(&whole);
+    let p0 = states.read_params().unwrap();
+    let p1 = states.read_node(1, all).unwrap().params;
+    let o2 = after.read_outer().unwrap().unwrap();
+    assert_eq!(o2.inner_done, 24);
     assert_eq!(after.manifest.ranks_per_node.len(), 2, "written on 2 nodes");
     let (lr, mu) = (0.7f32, 0.5f32);
     let mut moved = 0.0f32;
     for i in 0..o.anchor.len() {
-        let d = o2.momentum[i] - mu * o.momentum[i];
-        let want = o.anchor[i] - lr * (d + mu * o2.momentum[i]);
-        let err = (o2.anchor[i] - want).abs();
-        assert!(err <= 1e-5 * want.abs().max(1.0), "element {i}: {err}");
+        let delta = ((o.anchor[i] - p0[i]) + (o.anchor[i] - p1[i])) / 2.0;
+        let m = mu * o.momentum[i] + delta;
+        let want = o.anchor[i] - lr * (delta + mu * m);
+        for (what, got, want) in [
+            ("anchor", o2.anchor[i], want),
+            ("momentum", o2.momentum[i], m),
+        ] {
+            let err = (got - want).abs();
+            assert!(
+                err <= 1e-5 * want.abs().max(1.0),
+                "{what} element {i}: {err}"
+            );
+        }
         moved = moved.max((o2.anchor[i] - o.anchor[i]).abs());
     }
     assert!(moved > 0.0, "the outer step moved the anchor");
-    let whole = 0..after.manifest.total;
-    let all = std::slice::from_ref(&whole);
     assert_eq!(
         after.read_params().unwrap(),
         o2.anchor,

@@ -90,13 +90,22 @@ type Job = Box<dyn FnOnce(&mut Executor) + Send>;
 
 /// Hands the buffer back after a successful collective. After a failure other local ranks may
 /// still be reading or writing it (they learn of the failure at their next barrier), so it is
-/// leaked rather than freed: the group is dead anyway, and a leak is safe where a free is not.
-/// Every collective holds its buffer in a `ManuallyDrop` until here, so a panic in between
-/// (which unwinds past this call) leaks it too.
-fn keep_or_leak(r: Result<(), Error>, buf: ManuallyDrop<Vec<f32>>) -> Result<Vec<f32>, Error> {
+/// parked in the node's shared state ([`NodeShared::park`]) rather than freed, and freed when
+/// the last rank of the node lets go of that state (the node's teardown, e.g. a heal's). Every
+/// collective holds its buffer in a `ManuallyDrop` until here, so a panic in between (which
+/// unwinds past this call) leaks it: a leak is safe where a free is not.
+fn keep_or_park(
+    ex: &Executor,
+    r: Result<(), Error>,
+    buf: ManuallyDrop<Vec<f32>>,
+) -> Result<Vec<f32>, Error> {
+    let buf = ManuallyDrop::into_inner(buf);
     match r {
-        Ok(()) => Ok(ManuallyDrop::into_inner(buf)),
-        Err(e) => Err(e),
+        Ok(()) => Ok(buf),
+        Err(e) => {
+            ex.shared.park(buf);
+            Err(e)
+        }
     }
 }
 
@@ -312,7 +321,7 @@ impl ProcessGroup {
             ex.wire = wire;
             ex.timeout = timeout;
             // A panic fails the node here, so this collective's caller gets its message (the
-            // buffer it held is leaked: see `keep_or_leak`).
+            // buffer it held is leaked: see `keep_or_park`).
             let r = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 run(ex, &ids, &rec)
             })) {
@@ -439,7 +448,7 @@ impl ProcessGroup {
             move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
                 let r = ex.collective(id, &mut buf, root, ReduceOp::Sum);
-                keep_or_leak(r, buf)
+                keep_or_park(ex, r, buf)
             },
         )
     }
@@ -449,7 +458,7 @@ impl ProcessGroup {
         self.submit(OpKind::Barrier, 0, CallOpts::default(), |ex, id| {
             let mut one = ManuallyDrop::new(vec![0.0f32]);
             let r = ex.collective(id, &mut one, 0, ReduceOp::Sum);
-            keep_or_leak(r, one).map(|_| ())
+            keep_or_park(ex, r, one).map(|_| ())
         })
         .wait()
     }
@@ -481,7 +490,7 @@ impl ProcessGroup {
             move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
                 let r = ex.p2p(id, &mut buf);
-                keep_or_leak(r, buf)
+                keep_or_park(ex, r, buf)
             },
         )
     }

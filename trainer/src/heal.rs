@@ -114,6 +114,14 @@ pub fn answer_file(dir: &Path, pid: u32) -> PathBuf {
     dir.join(format!("assign-{pid}.json"))
 }
 
+/// How long a node waits for its launcher's answer when the launcher gives its nodes `grace`
+/// to stop: the launcher answers once every node reported (or `grace` has passed) and the next
+/// epoch is agreed, so the wait is the grace period and a minute, never under the default 60 s
+/// (before, a fixed 60 s: a `--grace` above it made every heal fail with no answer).
+pub fn answer_wait(grace: Duration) -> Duration {
+    (grace + Duration::from_secs(60)).max(Duration::from_secs(60))
+}
+
 /// Removes the files of node process `pid` (ready, answer, capable, regroup) once it has
 /// ended, so that a process given the same pid later finds none of them.
 pub fn forget(dir: &Path, pid: u32) {
@@ -197,13 +205,14 @@ impl Healer {
     ) -> Self {
         let ranks = opts.ranks();
         let epoch = opts.epoch.unwrap_or(0);
+        let wait = opts.heal_wait.unwrap_or(Duration::from_secs(60));
         Self {
             dir,
             opts,
             devices,
             ranks,
             stop,
-            wait: Duration::from_secs(60),
+            wait,
             state: Mutex::new(Round {
                 node: Some(node),
                 arrived: 0,

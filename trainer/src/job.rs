@@ -38,6 +38,9 @@ pub mod env {
     /// An elastic launch's heal directory: a node whose peer is lost asks its launcher there
     /// for its place in the next epoch and goes on from its live state ([`crate::heal`]).
     pub const HEAL_DIR: &str = "WIRETRAIN_HEAL_DIR";
+    /// How long, in milliseconds, a node that lost its job waits for its launcher's answer
+    /// in the heal directory (set by `launch` from its `--grace`; default 60 s).
+    pub const HEAL_WAIT_MS: &str = "WIRETRAIN_HEAL_WAIT_MS";
     /// Set (to 1) for a node that joins a running job in a growth in place: it receives the
     /// state from the nodes already there instead of resuming from a checkpoint.
     pub const HEAL_JOIN: &str = "WIRETRAIN_HEAL_JOIN";
@@ -145,6 +148,9 @@ pub struct JobOptions {
     /// Where this node asks its elastic launcher for the next epoch after losing a peer
     /// (default: WIRETRAIN_HEAL_DIR; unset: a lost peer fails the node).
     pub heal_dir: Option<PathBuf>,
+    /// How long a node that lost its job waits for its launcher's answer (default:
+    /// WIRETRAIN_HEAL_WAIT_MS, else 60 s).
+    pub heal_wait: Option<std::time::Duration>,
 }
 
 impl Default for JobOptions {
@@ -172,6 +178,7 @@ impl Default for JobOptions {
             protocol_version_override: None,
             epoch: None,
             heal_dir: None,
+            heal_wait: None,
         }
     }
 }
@@ -222,6 +229,10 @@ impl JobOptions {
             o.epoch = Some(parse(env::EPOCH, &v)?);
         }
         o.heal_dir = get(env::HEAL_DIR).map(PathBuf::from);
+        if let Some(v) = get(env::HEAL_WAIT_MS) {
+            let ms: u64 = parse(env::HEAL_WAIT_MS, &v)?;
+            o.heal_wait = Some(std::time::Duration::from_millis(ms));
+        }
         Ok(o)
     }
 
@@ -241,14 +252,7 @@ impl JobOptions {
         if let Some(b) = self.bind {
             cfg.bind(b);
         }
-        let job_id = [env::JOB_ID, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"]
-            .iter()
-            .find_map(|k| {
-                std::env::var(k)
-                    .ok()
-                    .filter(|v| !v.is_empty() && v != "none")
-            });
-        if let Some(j) = job_id {
+        if let Some(j) = job_id_from_env() {
             cfg.job_id(j);
         }
         // An elastic launch's restart number: nodes of another epoch refuse each other.
@@ -390,6 +394,19 @@ impl JobOptions {
             },
         )
     }
+}
+
+/// The job's id from the environment: `WIRETRAIN_JOB_ID`, Slurm's `SLURM_JOB_ID` or torchrun's
+/// `TORCHELASTIC_RUN_ID` (the first set; "none" counts as unset). It salts the job's TLS
+/// identity, so processes of another job with the same token are not members.
+pub fn job_id_from_env() -> Option<String> {
+    [env::JOB_ID, "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"]
+        .iter()
+        .find_map(|k| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty() && v != "none")
+        })
 }
 
 /// A warning when the token file can be read by other users (it is the job's only secret).

@@ -4,7 +4,7 @@
 //! group. `pg.call(opts).all_reduce(buf, op)`; the plain [`ProcessGroup`] methods are the same
 //! calls with default options (the world, the group's wire dtype, no tag).
 
-use super::{ProcessGroup, ReduceOp, Work, keep_or_leak};
+use super::{ProcessGroup, ReduceOp, Work, keep_or_park};
 use crate::op::{Group, OpKind};
 use crate::wire::WireDtype;
 use std::mem::ManuallyDrop;
@@ -83,7 +83,7 @@ impl Call<'_> {
             move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
                 let r = ex.collective(id, &mut buf, 0, op);
-                keep_or_leak(r, buf).map(|b| b[range].to_vec())
+                keep_or_park(ex, r, buf).map(|b| b[range].to_vec())
             },
         )
     }
@@ -124,7 +124,7 @@ impl Call<'_> {
                 let mut buf = ManuallyDrop::new(vec![0.0f32; total]);
                 buf[range].copy_from_slice(&shard);
                 let r = ex.collective(id, &mut buf, 0, ReduceOp::Sum);
-                keep_or_leak(r, buf)
+                keep_or_park(ex, r, buf)
             })
     }
 
@@ -153,7 +153,7 @@ impl Call<'_> {
             if r.is_ok() && op == ReduceOp::Mean {
                 buf[shard].iter_mut().for_each(|x| *x /= world);
             }
-            keep_or_leak(r, buf)
+            keep_or_park(ex, r, buf)
         })
     }
 
@@ -172,7 +172,7 @@ impl Call<'_> {
             .submit(kind, 4 * buf.len(), self.opts, move |ex, id| {
                 let mut buf = ManuallyDrop::new(buf);
                 let r = ex.collective(id, &mut buf, arg, op);
-                keep_or_leak(r, buf)
+                keep_or_park(ex, r, buf)
             })
     }
 }

@@ -350,7 +350,8 @@ impl Executor {
             lay: scope.layout(len),
             scope: &scope,
             peers: &peers,
-            // SAFETY: `buf` outlives the collective; on failure the caller leaks it.
+            // SAFETY: `buf` outlives the collective; on failure the caller parks it in the
+            // node's shared state.
             raw: unsafe { RawBuf::from_raw(ptr, len) },
             arg,
             deadline,

@@ -70,6 +70,10 @@ pub struct NodeShared {
     slots: Mutex<Vec<Option<Slot>>>,
     state: Mutex<BarrierState>,
     cv: Condvar,
+    /// Buffers of failed collectives: other ranks of the node may still read or write them
+    /// (they learn of the failure at their next barrier), so they are kept here, not freed,
+    /// and freed with this state, when the last rank of the node has let go of it.
+    parked: Mutex<Vec<Vec<f32>>>,
 }
 
 impl NodeShared {
@@ -85,7 +89,19 @@ impl NodeShared {
                 left: vec![None; ranks],
             }),
             cv: Condvar::new(),
+            parked: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Keeps the buffer of a failed collective until the node's shared state is dropped: every
+    /// rank that could still reach it through a slot holds this state, so it is freed only
+    /// when none of them can (a heal's teardown of the node's groups frees the failed step's
+    /// buffers; before, each heal leaked them for good).
+    pub fn park(&self, buf: Vec<f32>) {
+        self.parked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(buf);
     }
 
     /// Waits until all local ranks arrive, the barrier is aborted, or `timeout` passes.
@@ -207,7 +223,7 @@ impl NodeShared {
     }
 
     /// Publishes a raw buffer; the caller keeps it alive and accesses it only through the
-    /// same pointer until the collective's last barrier (or leaks it on failure).
+    /// same pointer until the collective's last barrier (or, on failure, parks it: [`park`](Self::park)).
     pub fn publish_raw(&self, rank: usize, ptr: *mut f32, len: usize, call: Call) {
         let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         s[rank] = Some(Slot { ptr, len, call });

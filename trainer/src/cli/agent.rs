@@ -39,6 +39,30 @@ pub struct AgentOptions {
     pub resume_flag: bool,
 }
 
+impl AgentOptions {
+    /// What every agent of the job must agree on, in order (the host refuses an agent that
+    /// differs, naming the first difference): MIN:MAX, the restart budget, the grace period,
+    /// the program and each argument of the node command. Not this machine's own settings
+    /// (its address, its ranks per node: machines may differ).
+    pub fn settings(&self) -> Vec<rdzv::Setting> {
+        let mut s = vec![
+            ("nnodes".to_string(), format!("{}:{}", self.min, self.max)),
+            ("max-restarts".into(), self.max_restarts.to_string()),
+            ("grace".into(), format!("{:?}", self.grace)),
+        ];
+        let program = self.target.program.as_ref();
+        let program = program.map_or("this wiretrain".into(), |p| p.display().to_string());
+        s.push(("the node program".into(), program));
+        s.extend(self.target.args.iter().enumerate().map(|(i, a)| {
+            (
+                format!("argument {} of the node command", i + 1),
+                a.to_string_lossy().into_owned(),
+            )
+        }));
+        s
+    }
+}
+
 /// The running node's pid, which a signal to the agent is passed on to.
 static PID: Mutex<Option<u32>> = Mutex::new(None);
 
@@ -62,7 +86,8 @@ pub fn run_agent(o: &AgentOptions) -> Result<(), LaunchError> {
                 env::TOKEN_FILE
             ))
         })?;
-    let id = rdzv::identity(&Token::from(token)).map_err(bad)?;
+    let job = wiretrain::job::job_id_from_env();
+    let id = rdzv::identity(&Token::from(token), job.as_deref()).map_err(bad)?;
     let master = o
         .master
         .to_socket_addrs()
@@ -92,9 +117,8 @@ pub fn run_agent(o: &AgentOptions) -> Result<(), LaunchError> {
         let hosted = match rdzv::host_endpoint(master, &id) {
             Ok(ep) => {
                 eprintln!("wiretrain launch: this agent hosts the elastic rendezvous at {master}");
-                let job_id = std::env::var(env::JOB_ID)
-                    .ok()
-                    .filter(|j| !j.is_empty())
+                let job_id = job
+                    .clone()
                     .unwrap_or_else(|| format!("elastic-{:016x}", rand::random::<u64>()));
                 Some(tokio::spawn(host(
                     ep,
@@ -107,6 +131,7 @@ pub fn run_agent(o: &AgentOptions) -> Result<(), LaunchError> {
                         grace: o.grace,
                         job_id,
                         stop: stop.clone(),
+                        settings: o.settings(),
                     },
                 )))
             }
@@ -180,6 +205,7 @@ async fn agent(
         version: rdzv::VERSION,
         name,
         host: ip.to_string(),
+        settings: o.settings(),
     };
     rdzv::send(&mut send, &join).await.map_err(lost)?;
     let (tx, mut rx) = mpsc::unbounded_channel();
@@ -496,7 +522,8 @@ fn start_node(
     c.env(env::JOB_ID, &s.job_id)
         .env(env::EPOCH, s.epoch.to_string())
         .env(env::RESTARTS, &s.restarts)
-        .env(env::HEAL_DIR, heal_dir);
+        .env(env::HEAL_DIR, heal_dir)
+        .env(env::HEAL_WAIT_MS, wait_ms(o.grace));
     if joins_live {
         c.env(env::HEAL_JOIN, "1");
     }
@@ -528,4 +555,9 @@ fn start_node(
         healing: false,
         capable_for: None,
     })
+}
+
+/// WIRETRAIN_HEAL_WAIT_MS for a node whose agent gives it `grace` to stop.
+fn wait_ms(grace: Duration) -> String {
+    wiretrain::heal::answer_wait(grace).as_millis().to_string()
 }

@@ -79,14 +79,28 @@ pub fn strip_flag(args: &[OsString], flag: &str) -> Vec<OsString> {
     out
 }
 
+/// A fresh directory for a launch's files (node addresses, heal files): see the comment.
 pub(super) fn temp_dir() -> std::io::Result<PathBuf> {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let d = std::env::temp_dir().join(format!("wiretrain-launch-{}-{nanos}", std::process::id()));
-    std::fs::create_dir_all(&d)?;
-    Ok(d)
+    // A fresh directory of this user's alone (0700 on Unix), never one that already exists
+    // (another user could have made it to read or plant the files a launch writes there).
+    for _ in 0..16 {
+        let d = std::env::temp_dir().join(format!(
+            "wiretrain-launch-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let mut b = std::fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        match b.create(&d) {
+            Ok(()) => return Ok(d),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(std::io::Error::other(
+        "no fresh directory could be made under the temporary directory",
+    ))
 }
 
 /// The loopback address node `node` binds: its own 127.0.0.x where the whole 127/8 reaches
@@ -288,7 +302,8 @@ pub fn run_local(
         let target = target.for_epoch(epoch, elastic.resume_flag);
         let restarts = serde_json::to_string(&history).unwrap_or_else(|_| "[]".into());
         let mut launch = LocalLaunch::new(world, &target, epoch, restarts)?;
-        launch.heal_dir = heal_dir.clone();
+        let wait = wiretrain::heal::answer_wait(grace);
+        launch.heal_dir = heal_dir.clone().map(|d| (d, wait));
         let outcome = launch.run(grace, elastic, &mut history);
         PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();
         let _ = std::fs::remove_dir_all(&launch.dir);
@@ -374,8 +389,9 @@ struct LocalLaunch<'a> {
     fingerprint_file: PathBuf,
     token: String,
     job_id: String,
-    /// Set: the nodes heal from live replicas where they can (an elastic launch).
-    heal_dir: Option<PathBuf>,
+    /// Set: the nodes heal from live replicas where they can (an elastic launch), waiting
+    /// this long for the launcher's answer.
+    heal_dir: Option<(PathBuf, Duration)>,
 }
 
 impl<'a> LocalLaunch<'a> {
@@ -429,8 +445,9 @@ impl<'a> LocalLaunch<'a> {
             .env(env::JOB_ID, &self.job_id)
             .env(env::EPOCH, self.epoch.to_string())
             .env(env::RESTARTS, &self.restarts);
-        if let Some(d) = &self.heal_dir {
-            c.env(env::HEAL_DIR, d);
+        if let Some((d, wait)) = &self.heal_dir {
+            c.env(env::HEAL_DIR, d)
+                .env(env::HEAL_WAIT_MS, wait.as_millis().to_string());
         }
         // Node 0 says which certificate it holds; the others pin exactly that one.
         if node == 0 {
@@ -458,7 +475,7 @@ impl<'a> LocalLaunch<'a> {
         let mut children = vec![self.spawn(0, "127.0.0.1:0", None)?];
         let master = self.wait_for_master(&mut children[0])?;
         self.spawn_others(&mut children, &master)?;
-        let Some(dir) = &self.heal_dir else {
+        let Some((dir, _)) = &self.heal_dir else {
             return wait_all(children, grace);
         };
         let slots = children
@@ -544,5 +561,19 @@ mod tests {
         .collect();
         let s = strip_flag(&a, "--local");
         assert_eq!(s, ["bench", "--op", "p2p", "--json"].map(OsString::from));
+    }
+
+    /// The launch's directories are this user's alone and never reused (issue 42, item 7).
+    #[cfg(unix)]
+    #[test]
+    fn a_launch_directory_is_fresh_and_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let (a, b) = (temp_dir().unwrap(), temp_dir().unwrap());
+        assert_ne!(a, b);
+        for d in [&a, &b] {
+            let mode = std::fs::metadata(d).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{}", d.display());
+            std::fs::remove_dir(d).unwrap();
+        }
     }
 }

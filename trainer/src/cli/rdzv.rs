@@ -18,7 +18,7 @@ use wiretrain_comm::transport::quic;
 use wiretrain_comm::wire;
 
 /// The version of these messages; agents of another version are refused.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 /// A link silent this long is gone (its agent's machine died or was cut off).
 pub const LINK_IDLE: Duration = Duration::from_secs(5);
 /// The longest a message may take to leave.
@@ -33,6 +33,10 @@ pub enum ToHost {
         version: u32,
         name: String,
         host: String,
+        /// The job's settings as this agent was started with them ([`Setting`]): the host
+        /// refuses an agent whose settings differ from its own, naming the first difference.
+        #[serde(default)]
+        settings: Vec<Setting>,
     },
     /// Node 0 of `epoch` listens at `addr` with the certificate `fingerprint`.
     Ready {
@@ -103,12 +107,53 @@ pub struct Start {
     pub in_place: bool,
 }
 
+/// One setting every agent of a job must agree on: (name, value).
+pub type Setting = (String, String);
+
 /// The rendezvous link's identity: a CA of its own from the job token, so that the agents'
-/// links and the node processes' never accept each other's certificates. Whoever holds the
-/// token (every agent and node of the job) is trusted, as everywhere in wiretrain.
-pub fn identity(token: &Token) -> Result<JobIdentity, String> {
-    JobIdentity::for_job(token, Some("wiretrain elastic launch rendezvous v1"))
-        .map_err(|e| e.to_string())
+/// links and the node processes' never accept each other's certificates, salted with the job's
+/// id when the environment names one (`WIRETRAIN_JOB_ID`, Slurm's, torchrun's), as the nodes'
+/// is: an agent of another job with the same token (a leftover of an earlier launch) cannot
+/// connect. The token must pass the nodes' strength rule (a weak one could be guessed offline
+/// from the certificate the host shows every client).
+pub fn identity(token: &Token, job: Option<&str>) -> Result<JobIdentity, String> {
+    token.check_strength()?;
+    let salt = match job {
+        Some(j) => format!("wiretrain elastic launch rendezvous v2\0job:{j}"),
+        None => "wiretrain elastic launch rendezvous v2".to_string(),
+    };
+    JobIdentity::for_job(token, Some(&salt)).map_err(|e| e.to_string())
+}
+
+/// The first setting in which an agent (`theirs`) differs from the host (`ours`), in words;
+/// `None` when they agree. Settings are compared in order, so a missing argument is named
+/// where it is missing.
+pub fn first_difference(ours: &[Setting], theirs: &[Setting]) -> Option<String> {
+    let shown = |s: Option<&Setting>| match s {
+        Some((_, v)) => format!("`{}`", clip(v)),
+        None => "nothing".to_string(),
+    };
+    (0..ours.len().max(theirs.len())).find_map(|i| {
+        let (o, t) = (ours.get(i), theirs.get(i));
+        if o == t {
+            return None;
+        }
+        let name = o.or(t).map(|s| s.0.as_str()).unwrap_or_default();
+        Some(format!(
+            "{name} differs: {} on this agent, {} in the job (the agent hosting the \
+             rendezvous); start every agent with the same settings and command",
+            shown(t),
+            shown(o)
+        ))
+    })
+}
+
+/// A value cut to 120 characters for a message.
+fn clip(v: &str) -> String {
+    match v.char_indices().nth(120) {
+        Some((i, _)) => format!("{}...", &v[..i]),
+        None => v.to_string(),
+    }
 }
 
 fn tuning() -> QuicTuning {
@@ -158,7 +203,8 @@ pub async fn dial(id: &JobIdentity, addr: SocketAddr, deadline: Instant) -> Resu
                 }
                 Ok(Err(e)) if mismatch.job.load(Ordering::SeqCst) => {
                     return Err(format!(
-                        "the rendezvous at {addr} is of another job token ({})",
+                        "the rendezvous at {addr} is of another job: another WIRETRAIN_TOKEN, \
+                         or another job id (WIRETRAIN_JOB_ID, SLURM_JOB_ID) ({})",
                         quic::describe_conn_error(&e)
                     ));
                 }
@@ -215,11 +261,16 @@ pub(super) enum Event {
 }
 
 /// Accepts agents: each connection's first message must be a `Join` of this version.
-pub(super) async fn accept_loop(ep: Endpoint, tx: mpsc::UnboundedSender<Event>) {
+/// An agent whose settings differ from `ours` is refused, naming the first difference.
+pub(super) async fn accept_loop(
+    ep: Endpoint,
+    tx: mpsc::UnboundedSender<Event>,
+    ours: Arc<Vec<Setting>>,
+) {
     let mut next = 0u64;
     while let Some(incoming) = ep.accept().await {
         next += 1;
-        let (id, tx) = (next, tx.clone());
+        let (id, tx, ours) = (next, tx.clone(), ours.clone());
         tokio::spawn(async move {
             let Ok(Ok(conn)) = timeout(Duration::from_secs(10), incoming).await else {
                 return;
@@ -230,24 +281,31 @@ pub(super) async fn accept_loop(ep: Endpoint, tx: mpsc::UnboundedSender<Event>) 
                 return;
             };
             let join = timeout(Duration::from_secs(10), self::recv::<ToHost>(&mut recv)).await;
-            let (name, host) = match join {
+            let refused = match join {
                 Ok(Ok(ToHost::Join {
                     version,
                     name,
                     host,
-                })) if version == VERSION => (name, host),
-                Ok(Ok(ToHost::Join { version, .. })) => {
-                    let reason = format!(
-                        "this agent speaks version {version} of the elastic rendezvous, the \
-                         host {}: run the same wiretrain on every machine",
-                        VERSION
-                    );
+                    settings,
+                })) if version == VERSION => match first_difference(&ours, &settings) {
+                    None => Ok((name, host)),
+                    Some(d) => Err(format!("agent {name}: {d}")),
+                },
+                Ok(Ok(ToHost::Join { version, .. })) => Err(format!(
+                    "this agent speaks version {version} of the elastic rendezvous, the \
+                     host {VERSION}: run the same wiretrain on every machine"
+                )),
+                _ => return,
+            };
+            let (name, host) = match refused {
+                Ok(who) => who,
+                Err(reason) => {
+                    tracing::warn!("refused an agent: {reason}");
                     let _ = self::send(&mut send, &ToAgent::Refused { reason }).await;
                     let _ = send.finish();
                     let _ = timeout(Duration::from_secs(2), send.stopped()).await;
                     return;
                 }
-                _ => return,
             };
             if tx
                 .send(Event::Joined {
@@ -277,5 +335,68 @@ pub(super) async fn accept_loop(ep: Endpoint, tx: mpsc::UnboundedSender<Event>) 
                 }
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(v: &[(&str, &str)]) -> Vec<Setting> {
+        v.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_differing_setting_is_named_with_both_values() {
+        let host = set(&[
+            ("nnodes", "2:3"),
+            ("argument 1", "train"),
+            ("argument 2", "--lr"),
+        ]);
+        assert_eq!(first_difference(&host, &host), None);
+        let mut lr = host.clone();
+        lr.push(("argument 3".into(), "0.2".into()));
+        let mut host_lr = host.clone();
+        host_lr.push(("argument 3".into(), "0.1".into()));
+        let d = first_difference(&host_lr, &lr).unwrap();
+        assert!(d.starts_with("argument 3 differs: `0.2` on this agent, `0.1` in the job"));
+        // A missing argument, on either side.
+        let d = first_difference(&host, &lr).unwrap();
+        assert!(d.starts_with("argument 3 differs: `0.2` on this agent, nothing in the job"));
+        let d = first_difference(&lr, &host).unwrap();
+        assert!(d.starts_with("argument 3 differs: nothing on this agent, `0.2` in the job"));
+        // The first of several differences.
+        let other = set(&[("nnodes", "1:3"), ("argument 1", "bench")]);
+        assert!(
+            first_difference(&host, &other)
+                .unwrap()
+                .starts_with("nnodes differs")
+        );
+        // An agent of an older wiretrain sends no settings: refused too.
+        assert!(
+            first_difference(&host, &[])
+                .unwrap()
+                .starts_with("nnodes differs")
+        );
+    }
+
+    #[test]
+    fn a_weak_token_is_refused_and_the_job_id_salts_the_ca() {
+        let e = identity(&Token::from("hunter2-hunter2"), None).unwrap_err();
+        assert!(e.contains("at least 128 bits"), "{e}");
+        let t = Token::from("3f6c1a9e8b7d2c4f5a6e7d8c9b0a1f2e");
+        let (a, a2) = (
+            identity(&t, Some("7")).unwrap(),
+            identity(&t, Some("7")).unwrap(),
+        );
+        let (b, none) = (
+            identity(&t, Some("8")).unwrap(),
+            identity(&t, None).unwrap(),
+        );
+        assert_eq!(a.fingerprint(), a2.fingerprint());
+        assert_ne!(a.fingerprint(), b.fingerprint());
+        assert_ne!(a.fingerprint(), none.fingerprint());
     }
 }

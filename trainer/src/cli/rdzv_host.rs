@@ -20,6 +20,8 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
 
+mod tell;
+
 /// How an elastic launch may go on.
 #[derive(Debug, Clone)]
 pub struct Policy {
@@ -35,6 +37,8 @@ pub struct Policy {
     pub job_id: String,
     /// Raised by a signal to the hosting agent: the job stops after its step, everywhere.
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The hosting agent's settings: an agent that differs is refused.
+    pub settings: Vec<rdzv::Setting>,
 }
 
 struct Agent {
@@ -46,7 +50,8 @@ struct Agent {
 /// Runs the rendezvous on `ep` until the job ends; every agent is told how it ended.
 pub async fn host(ep: Endpoint, policy: Policy) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let accept = tokio::spawn(accept_loop(ep.clone(), tx));
+    let ours = std::sync::Arc::new(policy.settings.clone());
+    let accept = tokio::spawn(accept_loop(ep.clone(), tx, ours));
     let mut h = Host {
         policy,
         rx,
@@ -142,43 +147,66 @@ impl Host {
         }
     }
 
-    /// The job, epoch after epoch: `(exit code, message)` for every agent.
-    async fn run(&mut self) -> (i32, String) {
-        // The first epoch: MIN agents, then up to MAX within the join window.
+    /// The first epoch's members: MIN agents, then up to MAX within the join window. Agents
+    /// that leave meanwhile are not counted: when fewer than MIN are left after the window,
+    /// the gathering goes on (within the same timeout). Err: the job's end.
+    async fn gather(&mut self) -> Result<Vec<u64>, (i32, String)> {
         let until = Instant::now() + self.policy.gather_timeout;
-        while self.alive().len() < self.policy.min {
-            if self.stopped() {
-                return (
-                    wiretrain::signal::INTERRUPTED_EXIT,
-                    "stopped by a signal on the rendezvous host".into(),
-                );
-            }
-            let by = until.min(Instant::now() + Duration::from_millis(200));
-            match tokio::time::timeout_at(by, self.rx.recv()).await {
-                Ok(Some(ev)) => self.absorb(ev),
-                Err(_) if Instant::now() < until => {}
-                _ => {
-                    return (
-                        1,
-                        format!(
-                            "only {} of the {} agents the job needs joined the rendezvous within {:?}",
-                            self.alive().len(),
-                            self.policy.min,
-                            self.policy.gather_timeout
-                        ),
-                    );
+        loop {
+            while self.alive().len() < self.policy.min {
+                if self.stopped() {
+                    return Err((
+                        wiretrain::signal::INTERRUPTED_EXIT,
+                        "stopped by a signal on the rendezvous host".into(),
+                    ));
+                }
+                let by = until.min(Instant::now() + Duration::from_millis(200));
+                match tokio::time::timeout_at(by, self.rx.recv()).await {
+                    Ok(Some(ev)) => self.absorb(ev),
+                    Err(_) if Instant::now() < until => {}
+                    _ => {
+                        return Err((
+                            1,
+                            format!(
+                                "only {} of the {} agents the job needs joined the rendezvous \
+                                 within {:?}",
+                                self.alive().len(),
+                                self.policy.min,
+                                self.policy.gather_timeout
+                            ),
+                        ));
+                    }
                 }
             }
-        }
-        let window = Instant::now() + self.policy.join_window;
-        while self.alive().len() < self.policy.max {
-            match tokio::time::timeout_at(window, self.rx.recv()).await {
-                Ok(Some(ev)) => self.absorb(ev),
-                _ => break,
+            let window = Instant::now() + self.policy.join_window;
+            while self.alive().len() < self.policy.max {
+                match tokio::time::timeout_at(window, self.rx.recv()).await {
+                    Ok(Some(ev)) => self.absorb(ev),
+                    _ => break,
+                }
             }
+            // Agents gone in the window's last moments count as gone.
+            self.drain();
+            let mut members = self.alive();
+            members.truncate(self.policy.max);
+            if members.len() >= self.policy.min {
+                return Ok(members);
+            }
+            tracing::warn!(
+                "elastic rendezvous: agents left during the join window; {} of the {} needed \
+                 remain, gathering again",
+                members.len(),
+                self.policy.min
+            );
         }
-        let mut members: Vec<u64> = self.alive();
-        members.truncate(self.policy.max);
+    }
+
+    /// The job, epoch after epoch: `(exit code, message)` for every agent.
+    async fn run(&mut self) -> (i32, String) {
+        let mut members = match self.gather().await {
+            Ok(m) => m,
+            Err(end) => return end,
+        };
         loop {
             let epoch = self.history.len();
             let outcome = self.epoch(epoch, &members).await;
@@ -190,6 +218,15 @@ impl Host {
                     let before = members.clone();
                     let live = in_place.is_some();
                     members = self.next_members(in_place.as_deref().unwrap_or(&before));
+                    if members.len() < self.policy.min {
+                        let why = format!(
+                            "agents joined, but only {} agent(s) are left of the {} the job \
+                             needs",
+                            members.len(),
+                            self.policy.min
+                        );
+                        return (1, why);
+                    }
                     let joined: Vec<usize> = (0..members.len())
                         .filter(|&i| !before.contains(&members[i]))
                         .collect();
@@ -360,6 +397,15 @@ impl Host {
                 in_place,
             })
         };
+        let Some(&node0) = members.first() else {
+            // The callers keep MIN >= 1 members; an empty epoch would be a bug, not a panic.
+            return Outcome::Failed {
+                failures: vec!["no agent is left to run the epoch".into()],
+                code: 1,
+                last: true,
+                detected: Instant::now(),
+            };
+        };
         let mut state = vec![Member::Idle; world];
         // Whether each node can go on in place (as its agent reports it).
         let mut live: Vec<Option<bool>> = vec![None; world];
@@ -367,7 +413,7 @@ impl Host {
         let mut watch = Watch::default();
         // Node 0 first: it binds and reports its address.
         let first = start(0, None, None);
-        self.tell(members[0], &first).await;
+        self.tell(node0, &first).await;
         let ready_by = Instant::now() + Duration::from_secs(60);
         let mut ready: Option<(String, Option<String>)> = None;
         loop {
@@ -395,15 +441,18 @@ impl Host {
             {
                 watch.told = true;
                 let reason = watch.reason.clone();
-                for (i, &id) in members.iter().enumerate() {
-                    if matches!(state[i], Member::Running | Member::Healing) {
-                        let m = ToAgent::Stop {
-                            epoch,
-                            reason: reason.clone(),
-                        };
-                        self.tell(id, &m).await;
-                    }
-                }
+                let stop = |&(i, &id): &(usize, &u64)| {
+                    matches!(state[i], Member::Running | Member::Healing).then(|| {
+                        let reason = reason.clone();
+                        (id, ToAgent::Stop { epoch, reason })
+                    })
+                };
+                let stops: Vec<_> = members
+                    .iter()
+                    .enumerate()
+                    .filter_map(|x| stop(&x))
+                    .collect();
+                self.tell_all(&stops).await;
             }
             let tick = tokio::time::sleep(Duration::from_millis(200));
             let ev = tokio::select! {
@@ -427,16 +476,18 @@ impl Host {
                             addr,
                             fingerprint,
                         },
-                } if e == epoch && id == members[0] && ready.is_none() => {
+                } if e == epoch && id == node0 && ready.is_none() => {
                     ready = Some((addr.clone(), fingerprint.clone()));
                     if watch.stopping.is_none() {
+                        let mut starts = Vec::new();
                         for (i, &m) in members.iter().enumerate().skip(1) {
                             let s = start(i, Some(addr.clone()), fingerprint.clone());
                             if matches!(state[i], Member::Idle) {
                                 state[i] = Member::Running;
                             }
-                            self.tell(m, &s).await;
+                            starts.push((m, s));
                         }
+                        self.tell_all(&starts).await;
                     }
                 }
                 Event::Msg {
@@ -496,9 +547,11 @@ impl Host {
                             && state.iter().all(|s| matches!(s, Member::Running))
                         {
                             watch.regroup = true;
-                            for &id in members {
-                                self.tell(id, &ToAgent::Regroup { epoch }).await;
-                            }
+                            let all: Vec<_> = members
+                                .iter()
+                                .map(|&id| (id, ToAgent::Regroup { epoch }))
+                                .collect();
+                            self.tell_all(&all).await;
                         }
                     }
                 }
@@ -522,19 +575,6 @@ impl Host {
                 }
                 Event::Msg { .. } => {}
             }
-        }
-    }
-
-    /// Sends `m` to agent `id`; an agent that cannot be told counts as gone.
-    async fn tell(&mut self, id: u64, m: &ToAgent) {
-        let Some(a) = self.agents.get_mut(&id) else {
-            return;
-        };
-        if a.gone.is_some() {
-            return;
-        }
-        if let Err(e) = rdzv::send(&mut a.send, m).await {
-            a.gone = Some(e);
         }
     }
 }

@@ -103,8 +103,9 @@ pub struct TrainArgs {
     /// devices (for comparisons; the math is the same).
     #[arg(long)]
     pub no_fused_optimizer: bool,
-    /// DDP on the host path: gradients, parameters and the optimizer go through host memory
-    /// every step (the path before device-resident DDP; for comparisons).
+    /// The host path: DDP's gradients, parameters and optimizer go through host memory every
+    /// step, and the other strategies upload their f32 master every step (the path before the
+    /// device-resident step; for comparisons).
     #[arg(long)]
     pub host_path: bool,
     /// --resume takes the checkpoints rank 0 lists even where another node's directory holds
