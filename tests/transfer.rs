@@ -117,29 +117,121 @@ fn device_resident_ddp_moves_each_gradient_byte_once_each_way_and_matches_the_ho
     }
 }
 
-/// ZeRO-1 and ZeRO-2 on the host path (the CPU backend has no fused optimizer): each
-/// gradient bucket down once, the owned shard's master and gradient up and its update down
-/// (P/2 each at 2 x 1), the gathered parameters up once; a wait per bucket, the optimizer's
-/// read and the loss's. Hybrid at 2 x 1 owns everything (one rank per node).
+/// On a 16-bit wire each gradient bucket is narrowed on the device before it is read: half
+/// the bytes come down (2P). The host path reads f32 and lets the wire round, where the ring's
+/// receiving rank adds its own contribution unrounded, so the two differ by a rounding; the
+/// narrowed run must stay as close to the f32-wire run as the host path does (mean
+/// parameter error within 1.5x of it: each rank's contribution is rounded, against one of the two
+/// in the ring). DDP on f16 and ZeRO-2 on bf16, 2 x 1.
+#[test]
+fn on_a_16_bit_wire_gradients_come_down_narrowed_and_train_as_well() {
+    let p = 6922u64;
+    for (strategy, wire, owned) in [("ddp", "f16", p), ("zero2", "bf16", p / 2)] {
+        let d = common::fresh_dir("transfer", &format!("narrow-{strategy}"));
+        let run = |name: &str, wire: &str, extra: &[&str]| {
+            let out = d.join(format!("{name}.f32"));
+            let mut train = vec!["train"];
+            train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
+            train.extend(["--overlap", "off", "--wire-dtype", wire]);
+            train.extend(["--save-params", out.to_str().unwrap()]);
+            train.extend_from_slice(extra);
+            let args = common::local("2", "1", &train);
+            let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
+            rows.retain(|r| r.get("summary").is_none());
+            (rows, common::read_f32(&out))
+        };
+        let (rows, narrowed) = run(&format!("narrow-{strategy}"), wire, &[]);
+        // DDP reads nothing else; ZeRO-2 reads its updated master (f32) too.
+        let master = if strategy == "ddp" { 0 } else { 4 * owned };
+        for r in &rows {
+            assert_eq!(
+                field(r, "d2h_bytes"),
+                2 * p + master + 4,
+                "{strategy} on {wire}: gradients 2 bytes an element: {r}"
+            );
+        }
+        let (host_rows, by_wire) = run(&format!("narrow-{strategy}-host"), wire, &["--host-path"]);
+        for r in &host_rows {
+            assert!(
+                field(r, "d2h_bytes") >= 4 * p + 4,
+                "host path reads f32: {r}"
+            );
+        }
+        let (_, exact) = run(&format!("narrow-{strategy}-f32"), "f32", &[]);
+        let err = |v: &[f32]| {
+            v.iter()
+                .zip(&exact)
+                .map(|(a, b)| f64::from((a - b).abs()))
+                .sum::<f64>()
+                / exact.len() as f64
+        };
+        let (e_narrow, e_wire) = (err(&narrowed), err(&by_wire));
+        eprintln!(
+            "{strategy} on {wire}: mean parameter error against the f32 wire {e_narrow:.3e} \
+             narrowed on the device, {e_wire:.3e} rounded by the wire"
+        );
+        assert!(e_wire > 0.0, "{wire} rounds something");
+        assert!(e_narrow <= 1.5 * e_wire, "{e_narrow} against {e_wire}");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
+
+/// ZeRO-1 and ZeRO-2 on the CPU backend (Burn's AdamW): each gradient bucket down once, the
+/// owned gradient up and the updated owned master down (P/2 each at 2 x 1), the gathered
+/// parameters up once; a wait per bucket, the optimizer's read and the loss's. The master
+/// stays on the device between steps, so only the first step uploads it (`--host-path`
+/// uploads it every step, and gives the same losses and parameters). Hybrid at 2 x 1 owns
+/// everything (one rank per node).
 #[test]
 fn sharded_strategies_move_what_their_shards_need_counted_exactly() {
     let p = 6922u64;
     let buckets = p.div_ceil(1024);
     for (strategy, owned) in [("zero1", p / 2), ("zero2", p / 2), ("hybrid", p)] {
-        let mut train = vec!["train"];
-        train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
-        train.extend(["--overlap", "off"]);
-        let args = common::local("2", "1", &train);
-        let rows = common::train_metrics(strategy, &args, &[], Duration::from_secs(600));
-        for r in rows.iter().filter(|r| r.get("summary").is_none()) {
+        let d = common::fresh_dir("transfer", strategy);
+        let run = |name: &str, extra: &[&str]| {
+            let out = d.join(format!("{name}.f32"));
+            let mut train = vec!["train"];
+            train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
+            train.extend(["--overlap", "off", "--save-params", out.to_str().unwrap()]);
+            train.extend_from_slice(extra);
+            let args = common::local("2", "1", &train);
+            let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
+            rows.retain(|r| r.get("summary").is_none());
+            let params = common::read_f32(&out);
+            (rows, params)
+        };
+        let (rows, params) = run(strategy, &[]);
+        assert_eq!(rows.len(), 12, "{strategy}: a line per step");
+        for (i, r) in rows.iter().enumerate() {
             assert_eq!(
                 field(r, "d2h_bytes"),
                 4 * p + 4 * owned + 4,
                 "{strategy}: {r}"
             );
-            assert_eq!(field(r, "h2d_bytes"), 8 * owned + 4 * p, "{strategy}: {r}");
+            let master = if i == 0 { 4 * owned } else { 0 };
+            assert_eq!(
+                field(r, "h2d_bytes"),
+                4 * owned + master + 4 * p,
+                "{strategy}, step {}: the master goes up at the first step only: {r}",
+                i + 1
+            );
             assert_eq!(field(r, "device_waits"), buckets + 2, "{strategy}: {r}");
         }
+        let (host_rows, host_params) = run(&format!("{strategy}-host"), &["--host-path"]);
+        for r in &host_rows {
+            assert_eq!(
+                field(r, "h2d_bytes"),
+                8 * owned + 4 * p,
+                "{strategy} host: {r}"
+            );
+        }
+        assert_same(
+            &format!("{strategy}: master on the device vs uploaded every step"),
+            &(losses(&rows), params),
+            &(losses(&host_rows), host_params),
+            0.0,
+        );
+        let _ = std::fs::remove_dir_all(&d);
     }
 }
 

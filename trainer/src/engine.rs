@@ -131,7 +131,8 @@ impl<M: Module> Trainer<M> {
         let kernels = (cfg.fused_optimizer && !resident)
             .then(|| crate::device::kernels_for(device))
             .flatten();
-        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels);
+        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels)
+            .keep_master(cfg.device_resident);
         let memory = memory_model(&cfg, &held, layout.total(), opt.state_bytes(), unit_overlap);
         let mut trainer = Self {
             model: Some(model),
@@ -161,6 +162,7 @@ impl<M: Module> Trainer<M> {
     /// Stages 1-2 keep an f32 master of their owned elements: it is taken from the
     /// parameters (at the start, and after a load).
     fn reset_master(&mut self) {
+        self.opt.forget_master();
         if matches!(
             self.cfg.strategy.stage(),
             Stage::OptimizerState | Stage::Gradients
@@ -421,6 +423,7 @@ impl<M: Module> Trainer<M> {
             wire: self.cfg.wire,
             lr: self.cfg.lr,
             sample_weight: self.sample_weight,
+            narrow: self.cfg.device_resident,
             held: &mut self.held,
         };
         (cx, self.sync.as_mut())

@@ -9,8 +9,20 @@
 use crate::transfer;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{DType, Device, Tensor, TensorData};
 use std::ops::Range;
+use wiretrain_comm::WireDtype;
+
+/// The device dtype a gradient bucket is narrowed to before it is read for a reduction on
+/// `wire`: f16 or bf16 where `device` computes in it; `None` for f32 and int8 wires.
+pub fn narrow_dtype(wire: WireDtype, device: &Device) -> Option<DType> {
+    let d = match wire {
+        WireDtype::F16 => DType::F16,
+        WireDtype::Bf16 => DType::BF16,
+        WireDtype::F32 | WireDtype::Int8 => return None,
+    };
+    device.supports_dtype(d).then_some(d)
+}
 
 /// One parameter's place in the flat vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -146,12 +158,33 @@ impl FlatLayout {
         device: &Device,
         out: &mut Vec<f32>,
     ) {
-        out.clear();
+        *out = self.read_grads(grads, range, device, 1.0, None);
+    }
+
+    /// Gradient elements `range` on the host with one blocking read, weighed by `weight` on
+    /// the device. `narrow`: a 16-bit wire dtype the reduction carries the bucket in; when
+    /// the device computes in it, the bucket is narrowed there before the read, so half the
+    /// bytes cross (what the wire's encoding would round it to: that encoding keeps the
+    /// narrowed values exactly, as DDP's bf16 compression hook casts each rank's gradient).
+    pub fn read_grads(
+        &self,
+        grads: &mut GradientsParams,
+        range: Range<usize>,
+        device: &Device,
+        weight: f32,
+        narrow: Option<WireDtype>,
+    ) -> Vec<f32> {
         if range.is_empty() {
-            return;
+            return Vec::new();
         }
-        let t = self.grads_device(grads, range, device);
-        *out = transfer::read_f32(t).expect("gradients read back as f32");
+        let mut t = self.grads_device(grads, range, device);
+        if weight != 1.0 {
+            t = t * weight;
+        }
+        if let Some(d) = narrow.and_then(|w| narrow_dtype(w, device)) {
+            t = t.cast(d);
+        }
+        transfer::read_f32(t).expect("gradients read back as f32")
     }
 
     /// Gradient elements `range` of the flat vector as one tensor on `device` (zeros where a

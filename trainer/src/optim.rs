@@ -159,6 +159,11 @@ pub struct ShardOptimizer {
     kind: Kind,
     device: Device,
     len: usize,
+    /// Burn's optimizers with [`ShardOptimizer::keep_master`]: the f32 master on the device
+    /// after a step (the step's result), stepped again at the next one instead of uploading
+    /// the caller's copy, which the read-back keeps equal to it.
+    master: Option<Tensor<1>>,
+    keep_master: bool,
 }
 
 impl ShardOptimizer {
@@ -198,7 +203,24 @@ impl ShardOptimizer {
             kind,
             device: device.inner(),
             len,
+            master: None,
+            keep_master: false,
         }
+    }
+
+    /// Burn's optimizers keep the f32 master on the device between steps, as the fused
+    /// path does: a step uploads only the gradient and reads the result back once (the
+    /// caller's parameters are read at the first step, after [`Self::set_master`],
+    /// [`Self::import_state`] or [`Self::forget_master`]). Off: every step uploads the
+    /// caller's parameters too (`--host-path`, the path this replaces).
+    pub fn keep_master(mut self, on: bool) -> Self {
+        self.keep_master = on;
+        self
+    }
+
+    /// The caller changed its parameters (a load, a test fault): the next step reads them.
+    pub fn forget_master(&mut self) {
+        self.master = None;
     }
 
     fn burn_kind(cfg: &OptimConfig) -> Kind {
@@ -280,14 +302,20 @@ impl ShardOptimizer {
         } else {
             grads.iter().map(|x| x * opts.grad_scale).collect()
         };
-        let p = transfer::upload(params.to_vec(), &self.device);
+        let p = match self.master.take() {
+            Some(m) => m,
+            None => transfer::upload(params.to_vec(), &self.device),
+        };
         let g = transfer::upload(g, &self.device);
         let out = self.burn_step(lr, p, g)?;
-        let v = transfer::read_f32(out).map_err(|reason| OptimError::ReadBack {
+        let v = transfer::read_f32(out.clone()).map_err(|reason| OptimError::ReadBack {
             what: "the optimizer output".into(),
             reason,
         })?;
         params.copy_from_slice(&v);
+        if self.keep_master {
+            self.master = Some(out);
+        }
         Ok(())
     }
 
@@ -332,8 +360,10 @@ impl ShardOptimizer {
     }
 
     /// Replaces the master (after an outer step changed the parameters): the fused path
-    /// uploads it to the device; elsewhere the caller's parameters already are the master.
+    /// uploads it to the device; Burn's optimizers read the caller's parameters at the next
+    /// step.
     pub fn set_master(&mut self, params: &[f32]) -> Result<(), OptimError> {
+        self.master = None;
         if let Kind::Fused(f) = &mut self.kind
             && let Some(s) = &f.shard
         {
@@ -409,6 +439,8 @@ impl ShardOptimizer {
     /// Replaces the state with `state` (tensors `len` long, as [`Self::export_state`] gives).
     /// An empty state means "no step taken yet".
     pub fn import_state(&mut self, state: ExportedState) -> Result<(), OptimError> {
+        // The caller's parameters are the master again at the next step.
+        self.master = None;
         if state.tensors.is_empty() && state.scalars.is_empty() {
             match &mut self.kind {
                 Kind::AdamW(b) => b.1 = None,

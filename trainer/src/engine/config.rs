@@ -198,8 +198,10 @@ impl TrainerConfigBuilder {
         /// DDP (outside DiLoCo) keeps the parameters and the optimizer state on the rank's
         /// device: each gradient bucket is read once, the reduced gradient is written once,
         /// Burn's optimizer steps on the device and no parameter is read back; at world 1
-        /// only the loss leaves the device. On by default; off gives the host path (the fused
-        /// AdamW on a wgpu device), for comparisons.
+        /// only the loss leaves the device. The other strategies keep the f32 master of what
+        /// the rank owns on the device between steps (Burn's optimizers, as the fused AdamW
+        /// does): a step uploads the owned gradient, not the master besides. On by default;
+        /// off gives the host path (the fused AdamW on a wgpu device), for comparisons.
         device_resident(on: bool);
         /// Unit models under DDP, ZeRO-1/2 and hybrid: reduce each unit's gradient while the
         /// backward of the units before it runs ([`Overlap`]; `auto` by default).

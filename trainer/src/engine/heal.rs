@@ -152,6 +152,7 @@ impl<M: Module> Trainer<M> {
                 *x += 0.5;
             }
         }
+        self.opt.forget_master();
         if !self.cfg.strategy.shards_params()
             && let Some(model) = self.model.take()
         {

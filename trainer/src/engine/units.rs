@@ -421,10 +421,15 @@ impl<M: Units> Trainer<M> {
             }
             let sf = crate::trace::span(format!("flatten unit {u}"), "compute");
             let mut gp = GradientsParams::from_grads(grads.take().expect("a backward ran"), &model);
-            let mut flat = Vec::new();
-            self.layout
-                .flatten_grads(&mut gp, p.units[u].clone(), &self.device, &mut flat);
-            crate::strategy::weigh(&mut flat, self.sample_weight);
+            let crosses = self.sync.reach().crosses_nodes(&self.pg);
+            let narrow = (self.cfg.device_resident && crosses).then_some(self.cfg.wire);
+            let flat = self.layout.read_grads(
+                &mut gp,
+                p.units[u].clone(),
+                &self.device,
+                self.sample_weight,
+                narrow,
+            );
             drop(gp);
             drop(sf);
             model = self.unload_unit(model, p, u);

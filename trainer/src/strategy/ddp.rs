@@ -9,7 +9,7 @@
 //! parameter crosses to the host. At world 1 not even the gradient does.
 
 use super::Reach;
-use super::sync::{Grad, GradSync, Reduced, SyncCx, weigh};
+use super::sync::{Grad, GradSync, Reduced, SyncCx};
 use crate::clock::Phase;
 use crate::error::TrainError;
 use crate::optim::StepOpts;
@@ -39,6 +39,10 @@ impl Replicated {
 }
 
 impl GradSync for Replicated {
+    fn reach(&self) -> Reach {
+        self.reach
+    }
+
     fn owned(&self, _: &ProcessGroup, _: &[Range<usize>], total: usize) -> Vec<Range<usize>> {
         std::iter::once(0..total).collect()
     }
@@ -47,14 +51,10 @@ impl GradSync for Replicated {
         if self.resident && cx.pg.world() == 1 && cx.layout.total() > 0 {
             return self.reduce_on_device(cx, grads);
         }
-        let held = &*cx.held;
         let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
         let issue = cx.clock.enter(Phase::Compute, "flatten+issue");
-        for b in &held.buckets {
-            let mut flat = Vec::new();
-            cx.layout
-                .flatten_grads(grads, b.clone(), cx.opt.device(), &mut flat);
-            weigh(&mut flat, cx.sample_weight);
+        for b in cx.held.buckets.clone() {
+            let flat = cx.read_bucket(self.reach, grads, b.clone());
             works.push((b.clone(), self.reach.all_reduce(cx.pg, cx.wire, flat)));
         }
         drop(issue);

@@ -146,6 +146,10 @@ fn follow_params(cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
 }
 
 impl GradSync for DilocoSync {
+    fn reach(&self) -> super::Reach {
+        self.inner.reach()
+    }
+
     fn owned(
         &self,
         pg: &ProcessGroup,

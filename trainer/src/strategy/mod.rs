@@ -142,7 +142,7 @@ mod sharded;
 mod sync;
 
 pub(crate) use reach::Reach;
-pub(crate) use sync::{Grad, GradSync, Held, SyncCx, sync_for, weigh};
+pub(crate) use sync::{Grad, GradSync, Held, SyncCx, sync_for};
 
 #[cfg(test)]
 mod tests {

@@ -29,6 +29,11 @@ impl Reach {
         }
     }
 
+    /// Whether a reduction over this reach travels between nodes (in the wire dtype).
+    pub fn crosses_nodes(self, pg: &ProcessGroup) -> bool {
+        self != Self::NodeOnly && pg.table().num_nodes() > 1
+    }
+
     /// The range of a bucket (or unit) of `len` elements this rank owns: its shard in the
     /// group its shards span.
     pub fn shard(self, pg: &ProcessGroup, len: usize) -> Range<usize> {

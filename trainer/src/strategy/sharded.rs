@@ -9,7 +9,7 @@
 //! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::units`) reduces
 //!   through the same [`Reach`], and this sync only steps the shard.
 
-use super::sync::{Grad, GradSync, Reduced, SyncCx, weigh};
+use super::sync::{Grad, GradSync, Reduced, SyncCx};
 use super::{Reach, Stage, Strategy};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
@@ -68,6 +68,10 @@ impl Sharded {
 }
 
 impl GradSync for Sharded {
+    fn reach(&self) -> Reach {
+        self.reach
+    }
+
     fn owned(&self, pg: &ProcessGroup, buckets: &[Range<usize>], _: usize) -> Vec<Range<usize>> {
         self.reach.owned(pg, buckets)
     }
@@ -89,10 +93,7 @@ impl GradSync for Sharded {
         let mut pending: Vec<(usize, Work<Vec<f32>>)> = Vec::new();
         for (i, b) in cx.held.buckets.clone().into_iter().enumerate() {
             let flatten = cx.clock.enter(Phase::Compute, "flatten bucket");
-            let mut flat = Vec::new();
-            cx.layout
-                .flatten_grads(grads, b, cx.opt.device(), &mut flat);
-            weigh(&mut flat, cx.sample_weight);
+            let flat = cx.read_bucket(self.reach, grads, b);
             drop(flatten);
             let issue = cx.clock.enter(Phase::Comm, "issue reduce");
             let w = self.issue(cx, flat);

@@ -70,6 +70,9 @@ pub(crate) struct SyncCx<'a> {
     pub lr: f64,
     /// This rank's gradient weight (see `Trainer::set_sample_weight`).
     pub sample_weight: f32,
+    /// Gradient buckets for a 16-bit wire are narrowed on the device before they are read
+    /// (the device-resident step; the host path reads them whole).
+    pub narrow: bool,
     /// What this rank holds.
     pub held: &'a mut Held,
 }
@@ -129,6 +132,9 @@ pub(crate) trait GradSync: Send {
     /// Steps the optimizer on the owned elements with `grad` (scaled by `scale`) and
     /// brings `cx.held.params` up to date (device-resident DDP: `cx.held.dev`).
     fn update(&mut self, cx: &mut SyncCx<'_>, grad: Grad, scale: f32) -> Result<(), TrainError>;
+
+    /// Where this sync's reductions travel (DiLoCo's inner steps: inside the node).
+    fn reach(&self) -> Reach;
 
     /// Whether this sync keeps the parameters on the device (device-resident DDP): the
     /// trainer then hands the update the model's parameters in `held.dev` and takes the
@@ -196,9 +202,18 @@ pub(crate) fn sync_for(
     Box::new(DilocoSync::new(inner, d, params))
 }
 
-/// Multiplies a rank's flattened gradient by its sample weight (no-op for 1).
-pub(crate) fn weigh(v: &mut [f32], w: f32) {
-    if w != 1.0 {
-        v.iter_mut().for_each(|x| *x *= w);
+impl SyncCx<'_> {
+    /// Bucket `range` of `grads` on the host, weighed, for a reduction over `reach` (see
+    /// [`FlatLayout::read_grads`]: narrowed on the device when the reduction crosses nodes on
+    /// a 16-bit wire).
+    pub fn read_bucket(
+        &mut self,
+        reach: Reach,
+        grads: &mut GradientsParams,
+        range: Range<usize>,
+    ) -> Vec<f32> {
+        let narrow = (self.narrow && reach.crosses_nodes(self.pg)).then_some(self.wire);
+        self.layout
+            .read_grads(grads, range, self.opt.device(), self.sample_weight, narrow)
     }
 }
