@@ -193,5 +193,5 @@ train wgpu-2nodes-quic 100 "$bin" launch --local 2 -- train --example char-lm --
 train wgpu-1node-2ranks 100 $W --ranks-per-node 2 --share-device --steps "$steps" --device wgpu
 
 step "7. Burn-CUDA training"
-say "SKIPPED: Burn's cuda backend needs the LLVM bundle that tracel-llvm-bundler downloads at build time (no internet here); see README 'GPUs'"
+say "SKIPPED: Burn's cuda backend needs the LLVM bundle that tracel-llvm-bundler downloads at build time (no internet here); see docs/PLATFORMS.md 'CUDA and NCCL'"
 say "done in $(($(date +%s) - start)) s; figures in $out"

@@ -412,15 +412,15 @@ fn a_fresh_run_never_mixes_with_an_earlier_runs_checkpoints() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// The README's checkpoint commands, verbatim (relative paths included), in a fresh directory.
+/// docs/GUIDE.md's checkpoint commands, verbatim (relative paths included), in a fresh directory.
 #[test]
-fn the_readme_checkpoint_commands_work_verbatim() {
+fn the_documented_checkpoint_commands_work_verbatim() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/GUIDE.md")).unwrap();
     let section = readme
         .split("## Checkpoints, resume and export")
         .nth(1)
-        .expect("README has the checkpoint section");
+        .expect("docs/GUIDE.md has the checkpoint section");
     let block = section
         .split("```sh")
         .nth(1)

@@ -284,18 +284,18 @@ fn heal_in_place_and_grow_back(strategy: &str, flags: &[&str]) {
     let _ = std::fs::remove_dir_all(&d);
 }
 
-/// The README's elastic launch across machines (three agents on 127.0.0.x), verbatim, with
+/// docs/ELASTIC.md's elastic launch across machines (three agents on 127.0.0.x), verbatim, with
 /// bash and this build's `wiretrain` first on PATH: the job finishes on every agent.
 #[test]
-fn the_readme_agent_commands_work_verbatim() {
+fn the_documented_agent_commands_work_verbatim() {
     let readme =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).unwrap();
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/docs/ELASTIC.md")).unwrap();
     let block = readme
         .split("## Elastic restarts")
         .nth(1)
         .and_then(|s| s.split("```sh").nth(2))
         .and_then(|s| s.split("```").next())
-        .expect("README has the agents' commands in its elastic section");
+        .expect("docs/ELASTIC.md has the agents' commands");
     let d = dir("agents-readme");
     let bin_dir = Path::new(common::bin()).parent().unwrap();
     let path = format!(

@@ -175,35 +175,54 @@ fn ctrl_c_stops_every_learner_rank_after_the_same_step() {
 /// and the two others heal in place, through `WiretrainStrategy::with_heal`: no restart, the
 /// rest of epoch 5 on their own shares (the step cut off lost), every later epoch shared over
 /// 2 ranks; epochs 6 to 30 equal a 2-node run resumed from the healed run's checkpoint of
-/// epoch 5, step by step.
+/// epoch 5, step by step (what the heal's state does from there on; the next test checks that
+/// state against a run whose state was not disturbed).
 #[test]
 #[cfg_attr(
     not(feature = "test-hooks"),
     ignore = "needs --features wiretrain/test-hooks"
 )]
 fn a_lost_node_under_the_learner_heals_from_live_replicas() {
-    learner_heal(&[], "state identical on every replica");
+    let d = learner_heal("heal", &[], "state identical on every replica");
+    resumed_from_epoch_5_matches(&d);
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// The same with node 1's state made to differ at the heal (and claiming a step fewer): node
-/// 0's is sent to it, checked by digest, and the run goes on as one.
+/// 0's is sent to it, checked by digest, and the run goes on as one: every epoch's losses
+/// equal those of the same launch without the disturbance (an independent reference: the
+/// state node 1 received must be exactly the one it would have held).
 #[test]
 #[cfg_attr(
     not(feature = "test-hooks"),
     ignore = "needs --features wiretrain/test-hooks"
 )]
 fn under_the_learner_a_survivor_whose_state_differs_receives_a_replicas() {
-    learner_heal(
-        &[("WIRETRAIN_TEST_HEAL_DIVERGE", "1")],
-        "state sent from a replica",
-    );
+    let diverge = [("WIRETRAIN_TEST_HEAL_DIVERGE", "1")];
+    let d = learner_heal("diverged", &diverge, "state sent from a replica");
+    let plain = learner_heal("undisturbed", &[], "state identical on every replica");
+    for e in 1..=30 {
+        let (got, want) = (
+            epoch_losses(&d.join("out"), e),
+            epoch_losses(&plain.join("out"), e),
+        );
+        assert_eq!(got.len(), want.len(), "epoch {e}");
+        let worst = common::worst_rel(&got, &want, 1e-3);
+        assert!(
+            worst <= 1e-6,
+            "epoch {e}: after the transfer {got:?}\nundisturbed {want:?}"
+        );
+    }
+    for p in [d, plain] {
+        let _ = std::fs::remove_dir_all(&p);
+    }
 }
 
-fn learner_heal(envs: &[(&str, &str)], state: &str) {
-    let d = dir(&format!("heal-{}", envs.len()));
-    let (o, ck) = (d.join("out"), d.join("ck"));
-    let s = |p: &Path| p.to_str().unwrap().to_string();
-    let exs = s(&common::example("learner"));
+/// The elastic Learner launch of the tests above, its heal checked (one heal, step 140
+/// lost, the epochs' step counts); returns its directory (`out`, `ck`).
+fn learner_heal(name: &str, envs: &[(&str, &str)], state: &str) -> PathBuf {
+    let d = dir(name);
+    let o = d.join("out");
     let (st, err) = elastic_learner(&d, ("ddp", "30", "1"), "2", envs);
     assert!(st.success(), "{err}");
     assert!(
@@ -220,7 +239,15 @@ fn learner_heal(envs: &[(&str, &str)], state: &str) {
     want.push(31);
     want.extend([48; 25]);
     assert_eq!(counts, want);
+    d
+}
 
+/// 2 nodes resume from the healed run's checkpoint of epoch 5 and train epochs 6 to 30: the
+/// same losses, step by step.
+fn resumed_from_epoch_5_matches(d: &Path) {
+    let (o, ck) = (d.join("out"), d.join("ck"));
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let exs = s(&common::example("learner"));
     // The reference: 2 nodes resume from epoch 5's checkpoint and train epochs 6 to 30.
     let (ck2, o2) = (d.join("ck-reference"), d.join("out-reference"));
     std::fs::create_dir_all(&ck2).unwrap();
@@ -254,7 +281,6 @@ fn learner_heal(envs: &[(&str, &str)], state: &str) {
             "epoch {e}: healed {got:?}\nvs resumed {want:?}"
         );
     }
-    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// The same death under zero2 (a lost node's shards exist nowhere else): the launch restarts

@@ -176,63 +176,130 @@ fn on_a_16_bit_wire_gradients_come_down_narrowed_and_train_as_well() {
     }
 }
 
+/// DiLoCo over device-resident DDP, 2 nodes of one rank, 4 inner steps a round: an inner step
+/// moves only the loss (its node holds one rank: the mean is its own gradient, on the
+/// device); the step that ends a round reads the parameters once for the outer step and puts
+/// the result back once. Same losses and parameters as the host path.
+#[test]
+fn diloco_inner_steps_stay_on_the_device_and_the_outer_step_moves_the_parameters_once() {
+    let p = 6922u64;
+    let d = common::fresh_dir("transfer", "diloco");
+    let run = |name: &str, extra: &[&str]| {
+        let out = d.join(format!("{name}.f32"));
+        let mut train = vec!["train"];
+        train.extend(common::mlp("diloco", STEPS, "32", "3", "cpu"));
+        train.extend(["--inner-steps", "4", "--overlap", "off"]);
+        train.extend(["--save-params", out.to_str().unwrap()]);
+        train.extend_from_slice(extra);
+        let args = common::local("2", "1", &train);
+        let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
+        rows.retain(|r| r.get("summary").is_none());
+        (rows, common::read_f32(&out))
+    };
+    let (rows, params) = run("diloco", &[]);
+    assert_eq!(rows.len(), 12);
+    for (i, r) in rows.iter().enumerate() {
+        let outer = (i + 1) % 4 == 0;
+        let (down, up, waits) = if outer {
+            (4 * p + 4, 4 * p, 2)
+        } else {
+            (4, 0, 1)
+        };
+        let what = if outer {
+            "the outer step"
+        } else {
+            "an inner step"
+        };
+        assert_eq!(field(r, "d2h_bytes"), down, "{what}, step {}: {r}", i + 1);
+        assert_eq!(field(r, "h2d_bytes"), up, "{what}, step {}: {r}", i + 1);
+        assert_eq!(
+            field(r, "device_waits"),
+            waits,
+            "{what}, step {}: {r}",
+            i + 1
+        );
+    }
+    let (host_rows, host_params) = run("diloco-host", &["--host-path"]);
+    assert_same(
+        "diloco: resident vs host path",
+        &(losses(&rows), params),
+        &(losses(&host_rows), host_params),
+        1e-6,
+    );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// ZeRO-1 and ZeRO-2 on the CPU backend (Burn's AdamW): each gradient bucket down once, the
-/// owned gradient up and the updated owned master down (P/2 each at 2 x 1), the gathered
-/// parameters up once; a wait per bucket, the optimizer's read and the loss's. The master
-/// stays on the device between steps, so only the first step uploads it (`--host-path`
-/// uploads it every step, and gives the same losses and parameters). Hybrid at 2 x 1 owns
+/// owned master and gradient up and the updated master down (P/2 each at 2 x 1), the gathered
+/// parameters up once; a wait per bucket, the optimizer's read and the loss's. (The CPU
+/// backend's device is host memory: the master is not kept there twice.) Hybrid at 2 x 1 owns
 /// everything (one rank per node).
 #[test]
 fn sharded_strategies_move_what_their_shards_need_counted_exactly() {
     let p = 6922u64;
     let buckets = p.div_ceil(1024);
     for (strategy, owned) in [("zero1", p / 2), ("zero2", p / 2), ("hybrid", p)] {
-        let d = common::fresh_dir("transfer", strategy);
-        let run = |name: &str, extra: &[&str]| {
-            let out = d.join(format!("{name}.f32"));
-            let mut train = vec!["train"];
-            train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
-            train.extend(["--overlap", "off", "--save-params", out.to_str().unwrap()]);
-            train.extend_from_slice(extra);
-            let args = common::local("2", "1", &train);
-            let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
-            rows.retain(|r| r.get("summary").is_none());
-            let params = common::read_f32(&out);
-            (rows, params)
-        };
-        let (rows, params) = run(strategy, &[]);
-        assert_eq!(rows.len(), 12, "{strategy}: a line per step");
-        for (i, r) in rows.iter().enumerate() {
+        let mut train = vec!["train"];
+        train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
+        train.extend(["--overlap", "off"]);
+        let args = common::local("2", "1", &train);
+        let rows = common::train_metrics(strategy, &args, &[], Duration::from_secs(600));
+        for r in rows.iter().filter(|r| r.get("summary").is_none()) {
             assert_eq!(
                 field(r, "d2h_bytes"),
                 4 * p + 4 * owned + 4,
                 "{strategy}: {r}"
             );
-            let master = if i == 0 { 4 * owned } else { 0 };
-            assert_eq!(
-                field(r, "h2d_bytes"),
-                4 * owned + master + 4 * p,
-                "{strategy}, step {}: the master goes up at the first step only: {r}",
-                i + 1
-            );
+            assert_eq!(field(r, "h2d_bytes"), 8 * owned + 4 * p, "{strategy}: {r}");
             assert_eq!(field(r, "device_waits"), buckets + 2, "{strategy}: {r}");
         }
-        let (host_rows, host_params) = run(&format!("{strategy}-host"), &["--host-path"]);
-        for r in &host_rows {
-            assert_eq!(
-                field(r, "h2d_bytes"),
-                8 * owned + 4 * p,
-                "{strategy} host: {r}"
-            );
-        }
-        assert_same(
-            &format!("{strategy}: master on the device vs uploaded every step"),
-            &(losses(&rows), params),
-            &(losses(&host_rows), host_params),
-            0.0,
-        );
-        let _ = std::fs::remove_dir_all(&d);
     }
+}
+
+/// ZeRO-2 with Burn's AdamW on lavapipe (a device with memory of its own;
+/// `--no-fused-optimizer`): the owned f32 master stays on the device between steps, so only
+/// the first step uploads it; `--host-path` uploads it every step and gives the same losses
+/// and parameters exactly.
+#[test]
+fn on_a_wgpu_device_the_sharded_master_stays_there_between_steps() {
+    let p = 6922u64;
+    let owned = p / 2;
+    let d = common::fresh_dir("transfer", "master-lavapipe");
+    let run = |name: &str, extra: &[&str]| {
+        let out = d.join(format!("{name}.f32"));
+        let mut train = vec!["train"];
+        train.extend(common::mlp("zero2", STEPS, "32", "3", "wgpu:cpu"));
+        train.extend(["--overlap", "off", "--no-fused-optimizer"]);
+        train.extend(["--save-params", out.to_str().unwrap()]);
+        train.extend_from_slice(extra);
+        let args = common::local("2", "1", &train);
+        let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
+        rows.retain(|r| r.get("summary").is_none());
+        (rows, common::read_f32(&out))
+    };
+    let (rows, params) = run("master-lavapipe", &[]);
+    assert_eq!(rows.len(), 12, "a line per step");
+    for (i, r) in rows.iter().enumerate() {
+        let master = if i == 0 { 4 * owned } else { 0 };
+        assert_eq!(
+            field(r, "h2d_bytes"),
+            4 * owned + master + 4 * p,
+            "step {}: the master goes up at the first step only: {r}",
+            i + 1
+        );
+        assert_eq!(field(r, "d2h_bytes"), 4 * p + 4 * owned + 4, "{r}");
+    }
+    let (host_rows, host_params) = run("master-lavapipe-host", &["--host-path"]);
+    for r in &host_rows {
+        assert_eq!(field(r, "h2d_bytes"), 8 * owned + 4 * p, "host path: {r}");
+    }
+    assert_same(
+        "zero2 on lavapipe: master on the device vs uploaded every step",
+        &(losses(&rows), params),
+        &(losses(&host_rows), host_params),
+        0.0,
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// World 1 on lavapipe (a real wgpu device): nothing but the loss scalar crosses, the

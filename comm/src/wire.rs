@@ -25,7 +25,8 @@ pub const MAX_CONTROL_LEN: usize = 1 << 20;
 
 /// Element type on the wire (see [`crate::codec`] for the encodings). Reductions accumulate
 /// in f32 whatever travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 #[repr(u8)]
 pub enum WireDtype {
     F32 = 0,
@@ -37,6 +38,16 @@ pub enum WireDtype {
 
 impl WireDtype {
     pub const ALL: [WireDtype; 4] = [Self::F32, Self::F16, Self::Bf16, Self::Int8];
+
+    /// Bytes one element takes on the wire, int8's f32 scale per block included (what the
+    /// planner counts; [`crate::codec::encoded_len`] gives a payload's exact size).
+    pub fn bytes_per_element(self) -> f64 {
+        match self {
+            Self::F32 => 4.0,
+            Self::F16 | Self::Bf16 => 2.0,
+            Self::Int8 => 1.0 + 4.0 / crate::codec::INT8_BLOCK as f64,
+        }
+    }
 
     /// The lower-case name used in flags, configs, traces and tables.
     pub fn name(self) -> &'static str {

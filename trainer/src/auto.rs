@@ -277,7 +277,7 @@ pub fn choose(
         gpus_per_node: ranks_per_node as u64,
         device_mem: m.device_mem.unwrap_or(f64::MAX),
         precision: Precision::F32,
-        wire: cfg.wire().into(),
+        wire: cfg.wire(),
         wire_rows: Vec::new(),
         tflops: m.tflops,
         intra: link(m.intra_gbps, m.intra_latency_us),

@@ -24,13 +24,17 @@ use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, WireDtype};
 pub use crate::error::{ConfigError, ModelMismatch, OtherRank, TrainError};
 pub use crate::strategy::diloco::Diloco;
 
+mod buffers;
 mod ckpt;
 mod config;
 mod heal;
+mod recover;
 mod report;
 mod units;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
+pub use recover::RecoverError;
+pub(crate) use recover::Recovery;
 pub use report::{MemoryReport, StepReport, hidden_share};
 pub use units::effective_units;
 
@@ -67,6 +71,8 @@ pub struct Trainer<M: Module> {
     sample_weight: f32,
     /// The run id written into checkpoint manifests (fresh per run, kept across resume).
     run_id: String,
+    /// The model holds state that is not trained (flat::buffers).
+    has_buffers: bool,
 }
 
 impl<M: Module> Trainer<M> {
@@ -103,16 +109,16 @@ impl<M: Module> Trainer<M> {
             None => (None, FlatLayout::of(&model)),
         };
         let unit_overlap = unit_ranges.is_some() && !cfg.strategy.shards_params();
+        let has_buffers = crate::flat::buffers::count(&model) > 0;
         check_agreement(&mut pg, &layout)?;
         let params = layout.flatten_params(&model);
         let params = pg.broadcast(params, 0).wait()?;
         let buckets = unit_ranges
             .clone()
             .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
-        // Device-resident DDP (not under DiLoCo, whose outer step works on the host vector).
-        let resident = cfg.device_resident
-            && cfg.strategy.stage() == Stage::Replicated
-            && cfg.diloco.is_none();
+        // Device-resident DDP (DiLoCo's inner DDP too: its outer step reads the parameters
+        // once a round).
+        let resident = cfg.device_resident && cfg.strategy.stage() == Stage::Replicated;
         let sync = sync_for(cfg.strategy, cfg.diloco, &params, resident);
         let owned = sync.owned(&pg, &buckets, layout.total());
         let mut held = Held {
@@ -131,8 +137,11 @@ impl<M: Module> Trainer<M> {
         let kernels = (cfg.fused_optimizer && !resident)
             .then(|| crate::device::kernels_for(device))
             .flatten();
+        // Burn's CPU backend computes in host memory: a master "on the device" there would be
+        // a second host copy for nothing.
+        let separate = crate::transfer::device_memory(device).is_some();
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels)
-            .keep_master(cfg.device_resident);
+            .keep_master(cfg.device_resident && separate);
         let memory = memory_model(&cfg, &held, layout.total(), opt.state_bytes(), unit_overlap);
         let mut trainer = Self {
             model: Some(model),
@@ -154,6 +163,7 @@ impl<M: Module> Trainer<M> {
             device: device.clone().inner(),
             sample_weight: 1.0,
             run_id: format!("{:016x}", rand::random::<u64>()),
+            has_buffers,
         };
         trainer.reset_master();
         Ok(trainer)
@@ -175,8 +185,12 @@ impl<M: Module> Trainer<M> {
         self.model.as_ref().expect("model present between steps")
     }
 
+    /// The model, its non-trained state (BatchNorm's running statistics) current.
     pub fn into_model(mut self) -> M {
-        self.model.take().expect("model present between steps")
+        let model = self.model.take().expect("model present between steps");
+        // Folds a RunningState's pending update into its value (shared with `model`).
+        drop(model.valid());
+        model
     }
 
     pub fn layout(&self) -> &FlatLayout {
@@ -211,7 +225,7 @@ impl<M: Module> Trainer<M> {
     }
 
     /// Whether the parameters live on the device between steps (device-resident DDP: the
-    /// default for DDP outside DiLoCo; see [`TrainerConfigBuilder::device_resident`]).
+    /// default for DDP, DiLoCo's inner DDP too; see [`TrainerConfigBuilder::device_resident`]).
     pub fn device_resident(&self) -> bool {
         self.sync.resident()
     }
@@ -466,6 +480,10 @@ impl<M: Module> Trainer<M> {
         clock: &StepClock,
     ) -> Result<StepReport, TrainError> {
         self.model = Some(model);
+        {
+            let _b = clock.enter(Phase::Comm, "buffers");
+            self.sync_buffers()?;
+        }
         let agree = clock.enter(Phase::Comm, "loss all_reduce");
         let stop = self
             .stop

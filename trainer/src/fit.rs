@@ -36,8 +36,12 @@ pub enum FitError {
     #[error(transparent)]
     Job(#[from] crate::job::JobError),
     /// The job failed and this node could not heal from live replicas.
-    #[error("{failure}; healing from live replicas failed: {why}")]
-    Heal { failure: String, why: String },
+    #[error("{failure}; healing from live replicas failed: {source}")]
+    Heal {
+        failure: String,
+        #[source]
+        source: Box<crate::engine::RecoverError>,
+    },
 }
 
 impl From<crate::checkpoint::CheckpointError> for FitError {

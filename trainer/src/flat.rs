@@ -7,6 +7,8 @@
 //! are equal within one element per bucket.
 
 use crate::transfer;
+pub use buffers::BufferSync;
+use buffers::is_buffer;
 use burn::module::{Module, ModuleMapper, ModuleVisitor, Param, ParamId};
 use burn::optim::GradientsParams;
 use burn::tensor::{DType, Device, Tensor, TensorData};
@@ -23,6 +25,8 @@ pub fn narrow_dtype(wire: WireDtype, device: &Device) -> Option<DType> {
     };
     device.supports_dtype(d).then_some(d)
 }
+
+pub(crate) mod buffers;
 
 /// One parameter's place in the flat vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -55,6 +59,9 @@ impl ModuleVisitor for Collect {
         self.path.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+        if is_buffer(param) {
+            return;
+        }
         let shape: Vec<usize> = param.lazy_shape().to_vec();
         let len = shape.iter().product();
         self.entries.push(FlatEntry {
@@ -138,7 +145,7 @@ impl FlatLayout {
         impl ModuleVisitor for Gather {
             fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
                 let n: usize = param.lazy_shape().iter().product();
-                if n > 0 {
+                if n > 0 && !is_buffer(param) {
                     self.parts.push(param.val().inner().reshape([n]));
                 }
             }
@@ -236,7 +243,7 @@ impl FlatLayout {
         impl ModuleMapper for Write {
             fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
                 let n: usize = param.lazy_shape().iter().product();
-                if n == 0 {
+                if n == 0 || is_buffer(&param) {
                     return param;
                 }
                 let part = self.flat.clone().slice(self.at..self.at + n);

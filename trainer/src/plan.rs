@@ -293,7 +293,7 @@ impl PlanInput {
     pub fn comm(&self, st: Strategy) -> Comm {
         let psi = self.params;
         let (n, g) = (self.nodes as f64, self.gpus_per_node as f64);
-        let w = self.wire.bytes();
+        let w = self.wire.bytes_per_element();
         // Inside the node the elements move as the model holds them (shared host buffers:
         // the wire dtype applies between nodes only).
         let wi = match self.precision {

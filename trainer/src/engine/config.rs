@@ -4,6 +4,7 @@
 
 use crate::error::ConfigError;
 use crate::faults::Faults;
+use crate::flat::BufferSync;
 use crate::optim::OptimConfig;
 use crate::strategy::Strategy;
 use crate::strategy::diloco::Diloco;
@@ -66,6 +67,7 @@ pub struct TrainerConfig {
     pub(super) wire: WireDtype,
     pub(super) fused_optimizer: bool,
     pub(super) device_resident: bool,
+    pub(super) buffer_sync: BufferSync,
     pub(super) overlap: Overlap,
     pub(super) diloco: Option<Diloco>,
     pub(super) checkpoint_timeout: Duration,
@@ -87,6 +89,7 @@ impl TrainerConfig {
             wire: WireDtype::F32,
             fused_optimizer: true,
             device_resident: true,
+            buffer_sync: BufferSync::Broadcast,
             overlap: Overlap::Auto,
             diloco: None,
             checkpoint_timeout: Duration::from_secs(600),
@@ -151,6 +154,10 @@ impl TrainerConfig {
         self.diloco
     }
 
+    pub fn buffer_sync(&self) -> BufferSync {
+        self.buffer_sync
+    }
+
     pub fn checkpoint_timeout(&self) -> Duration {
         self.checkpoint_timeout
     }
@@ -195,14 +202,19 @@ impl TrainerConfigBuilder {
         /// On a wgpu device, run AdamW as wiretrain's fused WGSL kernel (master, m and v on the
         /// device) instead of Burn's tensor ops. Same math; off for comparisons.
         fused_optimizer(on: bool);
-        /// DDP (outside DiLoCo) keeps the parameters and the optimizer state on the rank's
+        /// DDP (DiLoCo's inner DDP too) keeps the parameters and the optimizer state on the rank's
         /// device: each gradient bucket is read once, the reduced gradient is written once,
         /// Burn's optimizer steps on the device and no parameter is read back; at world 1
         /// only the loss leaves the device. The other strategies keep the f32 master of what
         /// the rank owns on the device between steps (Burn's optimizers, as the fused AdamW
-        /// does): a step uploads the owned gradient, not the master besides. On by default;
+        /// does; not on Burn's CPU backend, whose device is host memory): a step uploads the
+        /// owned gradient, not the master besides. On by default;
         /// off gives the host path (the fused AdamW on a wgpu device), for comparisons.
         device_resident(on: bool);
+        /// How the ranks keep module state that is not trained (Burn's `RunningState`:
+        /// BatchNorm's running mean and variance) in step after every step: rank 0's values
+        /// (the default, as PyTorch DDP's `broadcast_buffers`), the mean, or each its own.
+        buffer_sync(policy: BufferSync);
         /// Unit models under DDP, ZeRO-1/2 and hybrid: reduce each unit's gradient while the
         /// backward of the units before it runs ([`Overlap`]; `auto` by default).
         overlap(overlap: Overlap);

@@ -96,7 +96,7 @@ impl<M: Module> Trainer<M> {
     /// Takes `pg` (the next epoch's) in place of the process group the job lost. Fails when
     /// this rank would own other elements in the new world (its state does not fit it) or
     /// when the step cut off lost the model.
-    pub fn rebind(&mut self, pg: ProcessGroup) -> Result<(), String> {
+    pub(crate) fn rebind(&mut self, pg: ProcessGroup) -> Result<(), String> {
         if let Some(why) = self.heal_unsupported() {
             return Err(why);
         }
@@ -164,7 +164,7 @@ impl<M: Module> Trainer<M> {
     /// parameters), made by the ranks already in a job that nodes join in place, so that they
     /// meet the newcomers' [`Trainer::new`] / [`Trainer::with_units`]; what this rank holds
     /// is unchanged (the state then comes from [`Trainer::agree_state`]).
-    pub fn welcome_joiners(&mut self) -> Result<(), super::TrainError> {
+    pub(crate) fn welcome_joiners(&mut self) -> Result<(), super::TrainError> {
         self.sync_host()?;
         super::check_agreement(&mut self.pg, &self.layout)?;
         let total = self.layout.total();
@@ -189,13 +189,13 @@ impl<M: Module> Trainer<M> {
     /// ranks of the same replica (the same local rank under hybrid, every rank under DDP)
     /// whose state differs from the one with the most steps receive that one's, checked
     /// against its SHA-256 digest. Returns the steps of the agreed state.
-    pub fn agree_state(&mut self, steps: usize) -> Result<Agreed, super::TrainError> {
+    pub(crate) fn agree_state(&mut self, steps: usize) -> Result<Agreed, super::TrainError> {
         self.agree_as(steps, false)
     }
 
     /// [`Trainer::agree_state`] on a rank that joins a running job in place (its trainer just
     /// built): it holds no state of its own and receives the others'.
-    pub fn join_state(&mut self) -> Result<Agreed, super::TrainError> {
+    pub(crate) fn join_state(&mut self) -> Result<Agreed, super::TrainError> {
         self.agree_as(0, true)
     }
 

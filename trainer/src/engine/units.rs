@@ -106,6 +106,10 @@ fn set_unit<M: Module>(
     }
     impl ModuleMapper for Set<'_> {
         fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            // Non-trained state is not in the layout (flat::buffers).
+            if crate::flat::buffers::is_buffer(&param) {
+                return param;
+            }
             let e = &self.entries[self.index];
             self.index += 1;
             if !(e.offset >= self.unit.start && e.offset + e.len <= self.unit.end) || e.len == 0 {

@@ -8,7 +8,7 @@ use super::pace::Pace;
 use super::record::{Record, unix_ms};
 use super::{FitError, FitOptions};
 use crate::data::DistributedSampler;
-use crate::engine::{TrainError, Trainer};
+use crate::engine::{RecoverError, Recovery, TrainError, Trainer};
 use crate::heal::Healer;
 use burn::module::Module;
 use std::sync::Arc;
@@ -88,14 +88,12 @@ pub(super) fn heal<M: Module>(
     } else {
         format!("step {} failed: {reason}", cut.step)
     };
-    let fail = |why: String| FitError::Heal {
+    let fail = |why: RecoverError| FitError::Heal {
         failure: failure.clone(),
-        why,
+        source: Box::new(why),
     };
     let done = cut.step + usize::from(cut.applied);
-    let pg = trainer.process_group();
-    let (local, was_leader, old_node) = (pg.local_rank(), pg.rank() == 0, pg.node());
-    if was_leader {
+    if trainer.process_group().rank() == 0 {
         let what = if cut.regroup {
             "regrouping in place"
         } else {
@@ -104,26 +102,24 @@ pub(super) fn heal<M: Module>(
         rec.bar
             .suspend(|| eprintln!("wiretrain: {failure}; {what}"));
     }
-    let rj = h
-        .rejoin(local, done, &reason)
-        .map_err(|x| fail(x.to_string()))?;
-    trainer.rebind(rj.pg).map_err(fail)?;
-    let done = trainer.heal_test_fault(old_node, done);
-    let rj_joined = rj.joined;
-    if rj.joined {
-        // Newcomers build their trainers (collectives this rank meets) before they agree.
-        trainer.welcome_joiners().map_err(|x| fail(x.to_string()))?;
-    }
-    let agreed = trainer.agree_state(done).map_err(|x| fail(x.to_string()))?;
+    let recovery = Recovery {
+        healer: h,
+        reason: &reason,
+        done,
+        refuse_joiners: None,
+    };
+    let rc = trainer.recover(recovery, |_, _| Ok(())).map_err(fail)?;
+    let (agreed, rj_joined) = (rc.agreed, rc.joined);
     let pg = trainer.process_group();
     let (rank, node, world, nodes) = (pg.rank(), pg.node(), pg.world(), pg.table().num_nodes());
-    sampler.rebind(rank, world).map_err(fail)?;
-    check_world(run, world).map_err(fail)?;
+    let refused = |why: String| fail(RecoverError::Refused(why));
+    sampler.rebind(rank, world).map_err(refused)?;
+    check_world(run, world).map_err(refused)?;
     *pace = Pace::new(trainer, run);
     let lost = (cut.step + 1).saturating_sub(agreed.steps);
     let healed = unix_ms();
     let mut event = serde_json::json!({
-        "epoch": rj.elastic.epoch,
+        "epoch": rc.elastic.epoch,
         "world": world,
         "nodes": nodes,
         "failed_step": cut.step,
@@ -140,11 +136,11 @@ pub(super) fn heal<M: Module>(
     crate::trace::heal_marker(
         rank,
         node,
-        rj.elastic.epoch,
-        serde_json::json!({ "epoch": rj.elastic.epoch, "restarts": rj.elastic.restarts }),
+        rc.elastic.epoch,
+        serde_json::json!({ "epoch": rc.elastic.epoch, "restarts": rc.elastic.restarts }),
     );
-    let epoch = rj.elastic.epoch;
-    rec.healed(event, rj.elastic, rank == 0, run)?;
+    let epoch = rc.elastic.epoch;
+    rec.healed(event, rc.elastic, rank == 0, run)?;
     catch_up_checkpoint(trainer, run, run_meta, agreed.steps)?;
     if rj_joined && run.trace.is_some() {
         // The newcomers' traces take their clock offset to rank 0 (a collective).

@@ -10,7 +10,7 @@
 //! 0 (validation, Burn's checkpointer and metric logs run there), fail the heal: the launch
 //! restarts from the checkpoint.
 
-use crate::engine::{TrainError, Trainer};
+use crate::engine::{RecoverError, Recovery, TrainError, Trainer};
 use crate::heal::Healer;
 use burn::module::Module;
 use std::time::Instant;
@@ -63,49 +63,48 @@ pub(super) fn heal<M: Module>(
     spot: Spot,
 ) -> Result<(usize, usize), String> {
     let t0 = Instant::now();
-    let fail = |why: String| format!("healing after a collective failed ({reason}): {why}");
-    let pg = trainer.process_group();
-    let (local, was_leader, old_node) = (pg.local_rank(), pg.rank() == 0, pg.node());
-    if was_leader {
+    let fail = |why: RecoverError| format!("healing after a collective failed ({reason}): {why}");
+    if trainer.process_group().rank() == 0 {
         eprintln!("wiretrain: a Learner collective failed: {reason}; healing from live replicas");
     }
-    let rj = h
-        .rejoin(local, done, reason)
-        .map_err(|e| fail(e.to_string()))?;
-    if rj.joined {
-        return Err(fail(
+    let recovery = Recovery {
+        healer: h,
+        reason,
+        done,
+        refuse_joiners: Some(
             "a node joined in place; the Learner strategy takes new nodes at a restart from \
-             the checkpoint"
-                .into(),
-        ));
-    }
-    trainer.rebind(rj.pg).map_err(fail)?;
-    let done = trainer.heal_test_fault(old_node, done);
-    // Every rank learns whether rank 0 of the new epoch was rank 0 before (a collective, so
-    // all fail alike).
-    let lead = trainer
-        .process_group()
-        .broadcast(vec![f32::from(u8::from(was_leader))], 0)
-        .wait()
-        .map_err(|e| fail(e.to_string()))?;
-    if lead[0] == 0.0 {
-        return Err(fail(
-            "the node of rank 0 was lost, and with it the Learner's validation, Burn's \
-             checkpointer and metric logs (they run on rank 0): the launch restarts from the \
-             checkpoint"
-                .into(),
-        ));
-    }
-    // Where each was cut off first: ranks that cannot go on together send no state.
-    let taken = agree_spot(trainer, spot).map_err(fail)?;
-    let agreed = trainer.agree_state(done).map_err(|e| fail(e.to_string()))?;
+             the checkpoint",
+        ),
+    };
+    let rc = trainer
+        .recover(recovery, |trainer, was_leader| {
+            // Every rank learns whether rank 0 of the new epoch was rank 0 before (a
+            // collective, so all fail alike).
+            let lead = trainer
+                .process_group()
+                .broadcast(vec![f32::from(u8::from(was_leader))], 0)
+                .wait()
+                .map_err(TrainError::from)?;
+            if lead[0] == 0.0 {
+                return Err(RecoverError::Refused(
+                    "the node of rank 0 was lost, and with it the Learner's validation, Burn's \
+                     checkpointer and metric logs (they run on rank 0): the launch restarts \
+                     from the checkpoint"
+                        .into(),
+                ));
+            }
+            // Where each was cut off first: ranks that cannot go on together send no state.
+            agree_spot(trainer, spot).map_err(RecoverError::Refused)
+        })
+        .map_err(fail)?;
+    let (agreed, taken) = (rc.agreed, rc.between);
     let pg = trainer.process_group();
     if pg.rank() == 0 {
         eprintln!(
             "wiretrain: healed from live replicas: epoch {} on {} node(s) ({} ranks), going \
              on from step {} with no checkpoint read ({} step(s) lost, state {}), {} ms after \
              the failure; the rest of this Learner epoch runs on the survivors' shares",
-            rj.elastic.epoch,
+            rc.elastic.epoch,
             pg.table().num_nodes(),
             pg.world(),
             agreed.steps,

@@ -70,51 +70,9 @@ impl FromStr for Precision {
     }
 }
 
-/// Element type on the wire.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WireDtype {
-    F32,
-    Bf16,
-    F16,
-    Int8,
-}
-
-impl From<wiretrain_comm::WireDtype> for WireDtype {
-    /// The planner's view of what a trainer puts on the wire.
-    fn from(w: wiretrain_comm::WireDtype) -> Self {
-        match w {
-            wiretrain_comm::WireDtype::F32 => Self::F32,
-            wiretrain_comm::WireDtype::F16 => Self::F16,
-            wiretrain_comm::WireDtype::Bf16 => Self::Bf16,
-            wiretrain_comm::WireDtype::Int8 => Self::Int8,
-        }
-    }
-}
-
-impl WireDtype {
-    /// Bytes per element, int8 with one f32 scale per 128-element block.
-    pub fn bytes(self) -> f64 {
-        match self {
-            Self::F32 => 4.0,
-            Self::Bf16 | Self::F16 => 2.0,
-            Self::Int8 => 1.0 + 4.0 / 128.0,
-        }
-    }
-}
-
-impl FromStr for WireDtype {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "f32" => Ok(Self::F32),
-            "bf16" => Ok(Self::Bf16),
-            "f16" => Ok(Self::F16),
-            "int8" => Ok(Self::Int8),
-            o => Err(format!("unknown wire dtype {o:?} (f32, bf16, f16, int8)")),
-        }
-    }
-}
+/// Element type on the wire: the one `wiretrain_comm` carries (its bytes per element are
+/// [`WireDtype::bytes_per_element`]).
+pub use wiretrain_comm::WireDtype;
 
 /// How ranks are placed on the ring.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]

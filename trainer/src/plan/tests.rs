@@ -77,7 +77,7 @@ fn reproduces_the_communication_volumes() {
         let (v, intra, inter, _) = p.communication(st);
         assert_eq!(v, k * 7.5e9);
         // Every element crosses some link: intra (g−1)/g + inter (n−1)/(n·g) = (N−1)/N.
-        let moved = (intra + inter) / p.wire.bytes();
+        let moved = (intra + inter) / p.wire.bytes_per_element();
         assert!(
             (moved - k * 7.5e9 * 63.0 / 64.0).abs() < 1.0,
             "{st}: {moved}"

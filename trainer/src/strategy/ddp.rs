@@ -2,11 +2,12 @@
 //! all-reduce is in flight while the next bucket is flattened, then every rank runs the same
 //! optimizer step on everything.
 //!
-//! Device-resident (`resident`, the default outside DiLoCo): each bucket is put together on
+//! Device-resident (`resident`, the default, DiLoCo's inner steps too): each bucket is put together on
 //! the device and read once; each reduced bucket goes up once, as soon as its all-reduce is
 //! back (while later buckets still travel); the optimizer steps the
 //! parameters on the device and the model's parameters become views of its result, so no
-//! parameter crosses to the host. At world 1 not even the gradient does.
+//! parameter crosses to the host. At world 1 (or inside a node of one rank, DiLoCo's inner
+//! steps) not even the gradient does.
 
 use super::Reach;
 use super::sync::{Grad, GradSync, Reduced, SyncCx};
@@ -27,7 +28,7 @@ pub(crate) struct Replicated {
 }
 
 impl Replicated {
-    /// World 1, device-resident: the gradient stays on the device (one concatenation of the
+    /// Alone in its reach, device-resident: the gradient stays on the device (one concatenation of the
     /// parameters' gradients), weighed there.
     fn reduce_on_device(&self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
         let _f = cx.clock.enter(Phase::Compute, "flatten");
@@ -48,7 +49,13 @@ impl GradSync for Replicated {
     }
 
     fn reduce(&mut self, cx: &mut SyncCx<'_>, grads: &mut GradientsParams) -> Reduced {
-        if self.resident && cx.pg.world() == 1 && cx.layout.total() > 0 {
+        // Alone in its reach (world 1, or DiLoCo's inner steps on a node of one rank): the
+        // mean is the rank's own gradient.
+        let alone = match self.reach {
+            Reach::NodeOnly => cx.pg.table().ranks_on(cx.pg.node()) == 1,
+            _ => cx.pg.world() == 1,
+        };
+        if self.resident && alone && cx.layout.total() > 0 {
             return self.reduce_on_device(cx, grads);
         }
         let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();

@@ -183,7 +183,30 @@ impl GradSync for DilocoSync {
         if !self.outer.inner_done.is_multiple_of(self.cfg.inner_steps) {
             return Ok(());
         }
-        self.apply_outer(cx, 1.0)
+        // A device-resident inner DDP holds the round's result on the device: the outer step
+        // reads it once and puts the new parameters back once.
+        let on_device = cx.held.dev.take();
+        if let Some(dev) = on_device.clone() {
+            cx.held.params = crate::transfer::read_f32(dev).map_err(|reason| {
+                crate::optim::OptimError::ReadBack {
+                    what: "the parameters for the outer step".into(),
+                    reason,
+                }
+            })?;
+        }
+        let res = self.apply_outer(cx, 1.0);
+        cx.held.dev = match (on_device, &res) {
+            (Some(_), Ok(())) => Some(crate::transfer::upload(
+                cx.held.params.clone(),
+                cx.opt.device(),
+            )),
+            (dev, _) => dev,
+        };
+        res
+    }
+
+    fn resident(&self) -> bool {
+        self.inner.resident()
     }
 
     fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {

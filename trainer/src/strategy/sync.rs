@@ -173,7 +173,7 @@ pub(crate) trait GradSync: Send {
 
 /// The sync of `strategy`, wrapped in DiLoCo when `diloco` is set (then `params` is where its
 /// first round starts). The configuration's builder has checked the pair.
-/// `resident`: DDP keeps the parameters on the device (DiLoCo's inner DDP does not).
+/// `resident`: DDP (DiLoCo's inner DDP too) keeps the parameters on the device.
 pub(crate) fn sync_for(
     strategy: Strategy,
     diloco: Option<Diloco>,
@@ -192,7 +192,7 @@ pub(crate) fn sync_for(
     let inner: Box<dyn GradSync> = match strategy.stage() {
         Stage::Replicated => Box::new(Replicated {
             reach: Reach::NodeOnly,
-            resident: false,
+            resident,
         }),
         _ => Box::new(Sharded {
             stage: Stage::Gradients,
