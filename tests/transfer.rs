@@ -43,6 +43,26 @@ fn run(
     (rows, summary, params)
 }
 
+/// Per-step lines (no summary) and final parameters of `train --example mlp` under
+/// `launch --local 2` (one rank each) with `strategy` on `device`, `--overlap off` and `flags`;
+/// the parameters are saved under `d` as `name`.
+fn steps_2x1(
+    d: &std::path::Path,
+    name: &str,
+    (strategy, device): (&str, &str),
+    flags: &[&str],
+) -> (Vec<serde_json::Value>, Vec<f32>) {
+    let out = d.join(format!("{name}.f32"));
+    let mut train = vec!["train"];
+    train.extend(common::mlp(strategy, STEPS, "32", "3", device));
+    train.extend(["--overlap", "off", "--save-params", out.to_str().unwrap()]);
+    train.extend_from_slice(flags);
+    let args = common::local("2", "1", &train);
+    let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
+    rows.retain(|r| r.get("summary").is_none());
+    (rows, common::read_f32(&out))
+}
+
 fn losses(rows: &[serde_json::Value]) -> Vec<f64> {
     rows.iter().map(|r| r["loss"].as_f64().unwrap()).collect()
 }
@@ -129,16 +149,8 @@ fn on_a_16_bit_wire_gradients_come_down_narrowed_and_train_as_well() {
     for (strategy, wire, owned) in [("ddp", "f16", p), ("zero2", "bf16", p / 2)] {
         let d = common::fresh_dir("transfer", &format!("narrow-{strategy}"));
         let run = |name: &str, wire: &str, extra: &[&str]| {
-            let out = d.join(format!("{name}.f32"));
-            let mut train = vec!["train"];
-            train.extend(common::mlp(strategy, STEPS, "32", "3", "cpu"));
-            train.extend(["--overlap", "off", "--wire-dtype", wire]);
-            train.extend(["--save-params", out.to_str().unwrap()]);
-            train.extend_from_slice(extra);
-            let args = common::local("2", "1", &train);
-            let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
-            rows.retain(|r| r.get("summary").is_none());
-            (rows, common::read_f32(&out))
+            let flags = [&["--wire-dtype", wire][..], extra].concat();
+            steps_2x1(&d, name, (strategy, "cpu"), &flags)
         };
         let (rows, narrowed) = run(&format!("narrow-{strategy}"), wire, &[]);
         // DDP reads nothing else; ZeRO-2 reads its updated master (f32) too.
@@ -185,16 +197,8 @@ fn diloco_inner_steps_stay_on_the_device_and_the_outer_step_moves_the_parameters
     let p = 6922u64;
     let d = common::fresh_dir("transfer", "diloco");
     let run = |name: &str, extra: &[&str]| {
-        let out = d.join(format!("{name}.f32"));
-        let mut train = vec!["train"];
-        train.extend(common::mlp("diloco", STEPS, "32", "3", "cpu"));
-        train.extend(["--inner-steps", "4", "--overlap", "off"]);
-        train.extend(["--save-params", out.to_str().unwrap()]);
-        train.extend_from_slice(extra);
-        let args = common::local("2", "1", &train);
-        let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
-        rows.retain(|r| r.get("summary").is_none());
-        (rows, common::read_f32(&out))
+        let flags = [&["--inner-steps", "4"][..], extra].concat();
+        steps_2x1(&d, name, ("diloco", "cpu"), &flags)
     };
     let (rows, params) = run("diloco", &[]);
     assert_eq!(rows.len(), 12);
@@ -266,16 +270,8 @@ fn on_a_wgpu_device_the_sharded_master_stays_there_between_steps() {
     let owned = p / 2;
     let d = common::fresh_dir("transfer", "master-lavapipe");
     let run = |name: &str, extra: &[&str]| {
-        let out = d.join(format!("{name}.f32"));
-        let mut train = vec!["train"];
-        train.extend(common::mlp("zero2", STEPS, "32", "3", "wgpu:cpu"));
-        train.extend(["--overlap", "off", "--no-fused-optimizer"]);
-        train.extend(["--save-params", out.to_str().unwrap()]);
-        train.extend_from_slice(extra);
-        let args = common::local("2", "1", &train);
-        let mut rows = common::train_metrics(name, &args, &[], Duration::from_secs(600));
-        rows.retain(|r| r.get("summary").is_none());
-        (rows, common::read_f32(&out))
+        let flags = [&["--no-fused-optimizer"][..], extra].concat();
+        steps_2x1(&d, name, ("zero2", "wgpu:cpu"), &flags)
     };
     let (rows, params) = run("master-lavapipe", &[]);
     assert_eq!(rows.len(), 12, "a line per step");

@@ -139,20 +139,7 @@ impl FlatLayout {
     /// The module's parameter values as one flat tensor on their device, without autodiff (a
     /// device copy; nothing crosses to the host). `None` when the module has no element.
     pub fn params_device<M: Module>(&self, module: &M) -> Option<Tensor<1>> {
-        struct Gather {
-            parts: Vec<Tensor<1>>,
-        }
-        impl ModuleVisitor for Gather {
-            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-                let n: usize = param.lazy_shape().iter().product();
-                if n > 0 && !is_buffer(param) {
-                    self.parts.push(param.val().inner().reshape([n]));
-                }
-            }
-        }
-        let mut g = Gather { parts: Vec::new() };
-        module.visit(&mut g);
-        cat(g.parts)
+        gather_flat(module, false)
     }
 
     /// Writes gradient elements `range` of the flat vector into `out` (zeros where a parameter
@@ -236,26 +223,58 @@ impl FlatLayout {
     /// where the slice is not aligned for a view). Nothing crosses to the host.
     pub fn unflatten_device<M: Module>(&self, module: M, flat: Tensor<1>) -> M {
         assert_eq!(flat.dims()[0], self.total);
-        struct Write {
-            flat: Tensor<1>,
-            at: usize,
-        }
-        impl ModuleMapper for Write {
-            fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-                let n: usize = param.lazy_shape().iter().product();
-                if n == 0 || is_buffer(&param) {
-                    return param;
-                }
-                let part = self.flat.clone().slice(self.at..self.at + n);
-                self.at += n;
-                param.map(|old| like(old, part))
+        write_flat(module, flat.inner(), false)
+    }
+}
+
+/// The float tensors of `module` that are non-trained state (`buffers`, see
+/// [`buffers`]) or that are not, in visit order, as one flat tensor on their device without
+/// autodiff (a device copy); `None` when there is no element.
+pub(crate) fn gather_flat<M: Module>(module: &M, buffers: bool) -> Option<Tensor<1>> {
+    struct Gather {
+        parts: Vec<Tensor<1>>,
+        buffers: bool,
+    }
+    impl ModuleVisitor for Gather {
+        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+            let n: usize = param.lazy_shape().iter().product();
+            if n > 0 && is_buffer(param) == self.buffers {
+                self.parts.push(param.val().inner().reshape([n]));
             }
         }
-        module.map(&mut Write {
-            flat: flat.inner(),
-            at: 0,
-        })
     }
+    let mut g = Gather {
+        parts: Vec::new(),
+        buffers,
+    };
+    module.visit(&mut g);
+    cat(g.parts)
+}
+
+/// `module` with the float tensors [`gather_flat`] selects replaced by their slices of
+/// `flat` (without autodiff), in the same order: each a view of it on the device.
+pub(crate) fn write_flat<M: Module>(module: M, flat: Tensor<1>, buffers: bool) -> M {
+    struct Write {
+        flat: Tensor<1>,
+        at: usize,
+        buffers: bool,
+    }
+    impl ModuleMapper for Write {
+        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
+            let n: usize = param.lazy_shape().iter().product();
+            if n == 0 || is_buffer(&param) != self.buffers {
+                return param;
+            }
+            let part = self.flat.clone().slice(self.at..self.at + n);
+            self.at += n;
+            param.map(|old| like(old, part))
+        }
+    }
+    module.map(&mut Write {
+        flat,
+        at: 0,
+        buffers,
+    })
 }
 
 /// `part` (a flat device tensor without autodiff) in `old`'s shape, with its autodiff

@@ -5,7 +5,7 @@
 //! the trainer then keeps them in step across ranks after every step ([`BufferSync`]).
 
 use crate::transfer;
-use burn::module::{Module, ModuleMapper, ModuleVisitor, Param};
+use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use serde::Serialize;
 
@@ -34,46 +34,16 @@ pub(crate) fn is_buffer<const D: usize>(param: &Param<Tensor<D>>) -> bool {
 /// `RunningState`'s pending update folded in first, as Burn's `valid()` does); `None` when it
 /// has none.
 pub(crate) fn read<M: Module>(module: &M) -> Option<Tensor<1>> {
-    struct Gather(Vec<Tensor<1>>);
-    impl ModuleVisitor for Gather {
-        fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-            let n: usize = param.lazy_shape().iter().product();
-            if n > 0 && is_buffer(param) {
-                self.0.push(param.val().inner().reshape([n]));
-            }
-        }
-    }
     // Folds every RunningState's pending update into its value (the state is shared with
     // `module`); the returned module is not needed.
     drop(module.valid());
-    let mut g = Gather(Vec::new());
-    module.visit(&mut g);
-    match g.0.len() {
-        0 => None,
-        1 => g.0.pop(),
-        _ => Some(Tensor::cat(g.0, 0)),
-    }
+    super::gather_flat(module, true)
 }
 
 /// `module` with its non-trained state replaced by the slices of `flat` (what [`read`] gave,
 /// in the same order).
 pub(crate) fn write<M: Module>(module: M, flat: Tensor<1>) -> M {
-    struct Write {
-        flat: Tensor<1>,
-        at: usize,
-    }
-    impl ModuleMapper for Write {
-        fn map_float<const D: usize>(&mut self, param: Param<Tensor<D>>) -> Param<Tensor<D>> {
-            let n: usize = param.lazy_shape().iter().product();
-            if n == 0 || !is_buffer(&param) {
-                return param;
-            }
-            let part = self.flat.clone().slice(self.at..self.at + n);
-            self.at += n;
-            param.map(|old| super::like(old, part))
-        }
-    }
-    module.map(&mut Write { flat, at: 0 })
+    super::write_flat(module, flat, true)
 }
 
 /// Elements of `module`'s non-trained state.
