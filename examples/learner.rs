@@ -349,8 +349,11 @@ fn train_rank(ctx: RankContext, setup: &Setup) -> Result<bool, String> {
         None if res.interrupted.is_some() => {
             // Each rank's own count, so that "every rank stopped after the same step" is
             // checked, not assumed.
+            // One write of the whole line: the node processes share the launcher's stderr, and
+            // a line written piecewise interleaves with another process's.
             let n = steps.load(std::sync::atomic::Ordering::Relaxed);
-            eprintln!("learner: rank {rank} stopped after step {n}");
+            let line = format!("learner: rank {rank} stopped after step {n}\n");
+            let _ = std::io::Write::write_all(&mut std::io::stderr().lock(), line.as_bytes());
             Ok(true)
         }
         None => Ok(false),

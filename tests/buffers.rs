@@ -71,6 +71,19 @@ const DECAY: f32 = 0.1;
 
 /// Each rank's running statistics after `STEPS` steps under `strategy` and `policy`.
 fn trained(ranks: usize, strategy: Strategy, policy: BufferSync) -> Vec<Vec<f32>> {
+    run_steps(ranks, strategy, policy, 0..STEPS, None)
+}
+
+/// Each rank's running statistics after the steps `steps` under `strategy` and `policy`; with
+/// `ck`, the run first resumes from the newest checkpoint there (when `steps` does not start
+/// at 0) and ends by saving one.
+fn run_steps(
+    ranks: usize,
+    strategy: Strategy,
+    policy: BufferSync,
+    steps: std::ops::Range<usize>,
+    ck: Option<std::path::PathBuf>,
+) -> Vec<Vec<f32>> {
     let job = JobOptions {
         ranks_per_node: Some(ranks),
         devices: vec![DeviceSpec::Cpu],
@@ -93,8 +106,21 @@ fn trained(ranks: usize, strategy: Strategy, policy: BufferSync) -> Vec<Vec<f32>
             .map_err(|e| e.to_string())?;
         let mut t =
             Trainer::new(Net::new(&device), &device, cfg, ctx.pg).map_err(|e| e.to_string())?;
-        for step in 0..STEPS {
+        if let Some(ck) = ck.as_ref().filter(|_| steps.start > 0) {
+            let m = t.resume_latest(ck).map_err(|e| e.to_string())?;
+            assert_eq!(
+                m.map(|m| m.step),
+                Some(steps.start),
+                "resumed where it stopped"
+            );
+        }
+        for step in steps.clone() {
             t.step(|m| m.loss(rank, step, &device))
+                .map_err(|e| e.to_string())?;
+        }
+        if let Some(ck) = &ck {
+            let run = serde_json::json!({});
+            t.save_checkpoint(ck, steps.end, run, 2)
                 .map_err(|e| e.to_string())?;
         }
         Ok::<_, String>(t.into_model().stats())
@@ -164,5 +190,57 @@ fn across_ranks_the_policy_decides_whose_statistics_every_rank_keeps() {
             worst(&m[0], &b[0]) > 1e-4,
             "{strategy}: the mean differs from rank 0's: {m:?} {b:?}"
         );
+    }
+}
+
+/// Checkpoints keep the running statistics: a run saved after 3 steps and resumed by fresh
+/// trainers for the last 2 ends with the statistics of an uninterrupted run (at world 1, plain
+/// Burn's; at world 2, the uninterrupted 2-rank run's), and `checkpoint::export` writes them
+/// under Burn's module paths, so Burn's `SafetensorsStore` loads them into a fresh module.
+/// Before, checkpoints held the parameters only: a resumed run restarted the statistics from
+/// their initial values, and the exported model had none.
+#[test]
+fn checkpoints_and_the_export_keep_the_running_statistics() {
+    let plain = plain_burn();
+    for (ranks, strategy) in [
+        (1, Strategy::Ddp),
+        (1, Strategy::Zero2),
+        (2, Strategy::Zero2),
+    ] {
+        let want = match ranks {
+            1 => plain.clone(),
+            _ => trained(ranks, strategy, BufferSync::Broadcast).remove(0),
+        };
+        let d = std::env::temp_dir().join(format!(
+            "wt-buffers-ck-{ranks}-{strategy}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        let policy = BufferSync::Broadcast;
+        run_steps(ranks, strategy, policy, 0..3, Some(d.clone()));
+        let got = run_steps(ranks, strategy, policy, 3..STEPS, Some(d.clone())).remove(0);
+        let w = worst(&got, &want);
+        eprintln!("{ranks} x {strategy}: resumed {got:?}, uninterrupted {want:?}");
+        assert!(
+            w <= 1e-5,
+            "{ranks} x {strategy}: resumed statistics differ by {w}"
+        );
+
+        let ck = wiretrain::checkpoint::Checkpoint::open(&d).unwrap();
+        let file = d.join("model.safetensors");
+        let e = wiretrain::checkpoint::export(&ck, &file).unwrap();
+        assert_eq!((e.step, e.state_tensors), (STEPS, 2), "{e:?}");
+        use burn::store::{ModuleSnapshot, SafetensorsStore};
+        let mut fresh = Net::new(&Device::flex());
+        let res = fresh
+            .load_from(&mut SafetensorsStore::from_file(&file))
+            .expect("Burn loads the exported file");
+        assert!(res.missing.is_empty() && res.errors.is_empty(), "{res:?}");
+        let w = worst(&fresh.stats(), &want);
+        assert!(
+            w <= 1e-5,
+            "{ranks} x {strategy}: the exported statistics differ by {w}"
+        );
+        let _ = std::fs::remove_dir_all(&d);
     }
 }

@@ -59,6 +59,7 @@ fn valid(dir: &Path) -> Manifest {
         files,
         run_id: "fuzz".into(),
         diloco: None,
+        buffers: None,
     };
     write_manifest(dir, &m).unwrap();
     m

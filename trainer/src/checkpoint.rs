@@ -4,6 +4,8 @@
 //! - one `shard-{rank:05}.safetensors` per writing rank: 1-D f32 tensors `params` and
 //!   `state.<name>` (the optimizer state, e.g. `state.momentum.moment_1`) over the concatenation
 //!   of the flat-vector element ranges the rank owns; every element is written exactly once;
+//! - with a model that has state that is not trained (BatchNorm's running statistics),
+//!   `buffers.safetensors` (rank 0's, 1-D f32 `params`, laid out by the manifest's `buffers`);
 //! - `manifest.json` (written last, by rank 0): step, world layout, flat layout, optimizer
 //!   kind and scalars (step counts), run settings (sampler seed and global batch), and every
 //!   file with its ranges, size and SHA-256.
@@ -24,12 +26,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 mod dir;
+mod export;
 mod lock;
 mod read;
 mod validate;
 mod write;
 pub(crate) use dir::prune_stalling;
 pub use dir::{ensure_unused, list_valid, move_aside, prune};
+pub use export::{Exported, export};
 pub use lock::{DirLock, LOCK_FILE, Lease};
 pub use read::Checkpoint;
 use validate::validate;
@@ -151,7 +155,25 @@ pub struct Manifest {
     /// state is `files`, so any run can resume the model node 0 had).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub diloco: Option<DilocoManifest>,
+    /// The module state that is not trained (BatchNorm's running statistics, frozen
+    /// parameters), when the model has any; absent in checkpoints of older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffers: Option<BuffersManifest>,
 }
+
+/// The module state that is not trained, as rank 0 held it after the step's buffer sync
+/// (with `BufferSync::Local` the other ranks' own values are not kept): one file with the
+/// whole state as `params`, laid out by `layout` (the module paths Burn's stores use).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuffersManifest {
+    pub layout: Vec<LayoutEntry>,
+    pub total: usize,
+    pub file: FileEntry,
+}
+
+/// The file name of a checkpoint's non-trained module state.
+pub const BUFFERS_FILE: &str = "buffers.safetensors";
 
 /// The extra state of a DiLoCo checkpoint. Inner states differ between nodes (each node
 /// steps its own replica for H steps), so each node's is kept.
@@ -221,6 +243,7 @@ mod tests {
             files,
             run_id: "run-a".into(),
             diloco: None,
+            buffers: None,
         }
     }
 
@@ -359,6 +382,30 @@ mod tests {
         let mut ranges = ok.clone();
         ranges.files[0].ranges = vec![[0, usize::MAX], [0, usize::MAX]];
         assert!(validate(&ranges).is_err());
+        // Non-trained module state: one whole file, a layout that adds up.
+        let mut bufs = ok.clone();
+        let layout = vec![LayoutEntry {
+            path: "bn.running_mean".into(),
+            shape: vec![3],
+            offset: 0,
+            len: 3,
+        }];
+        let file = entry(BUFFERS_FILE, vec![[0, 3]]);
+        bufs.buffers = Some(BuffersManifest {
+            layout,
+            total: 3,
+            file,
+        });
+        assert!(validate(&bufs).is_ok());
+        let mut short = bufs.clone();
+        short.buffers.as_mut().unwrap().total = 4;
+        assert!(validate(&short).unwrap_err().contains("module state"));
+        let mut shape = bufs.clone();
+        shape.buffers.as_mut().unwrap().layout[0].shape = vec![usize::MAX, 2];
+        assert!(validate(&shape).unwrap_err().contains("shape overflows"));
+        let mut name = bufs;
+        name.buffers.as_mut().unwrap().file.name = "../b".into();
+        assert!(validate(&name).unwrap_err().contains("plain file name"));
         // DiLoCo: whole-vector files, one per node after the first.
         let mut dl = ok;
         dl.diloco = Some(DilocoManifest {

@@ -49,6 +49,8 @@ struct Collect {
     path: Vec<String>,
     entries: Vec<FlatEntry>,
     total: usize,
+    /// Collect the non-trained state ([`buffers`]) instead of the parameters.
+    buffers: bool,
 }
 
 impl ModuleVisitor for Collect {
@@ -59,7 +61,7 @@ impl ModuleVisitor for Collect {
         self.path.pop();
     }
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
-        if is_buffer(param) {
+        if is_buffer(param) != self.buffers {
             return;
         }
         let shape: Vec<usize> = param.lazy_shape().to_vec();
@@ -77,10 +79,21 @@ impl ModuleVisitor for Collect {
 
 impl FlatLayout {
     pub fn of<M: Module>(module: &M) -> Self {
+        Self::collect(module, false)
+    }
+
+    /// The layout of `module`'s non-trained state (BatchNorm's running statistics, frozen
+    /// parameters: [`buffers`]), in the order the trainer gathers it.
+    pub fn buffers_of<M: Module>(module: &M) -> Self {
+        Self::collect(module, true)
+    }
+
+    fn collect<M: Module>(module: &M, buffers: bool) -> Self {
         let mut c = Collect {
             path: Vec::new(),
             entries: Vec::new(),
             total: 0,
+            buffers,
         };
         module.visit(&mut c);
         Self {

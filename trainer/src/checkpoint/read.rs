@@ -161,6 +161,15 @@ impl Checkpoint {
         }))
     }
 
+    /// The module state that is not trained (see [`super::BuffersManifest`]), when the
+    /// checkpoint holds it.
+    pub fn read_buffers(&self) -> Result<Option<Vec<f32>>, CheckpointError> {
+        let Some(b) = &self.manifest.buffers else {
+            return Ok(None);
+        };
+        Ok(Some(self.load_file(&b.file, &[])?.params))
+    }
+
     /// Reads one shard file after checking its size and checksum against the manifest; it
     /// holds `params` and the state tensors `state_names`.
     fn load_file(
@@ -223,23 +232,40 @@ impl Checkpoint {
     /// Checks that this checkpoint holds the model described by `layout` (paths and shapes in
     /// order); a difference names the first differing parameter.
     pub fn check_layout(&self, layout: &[LayoutEntry]) -> Result<(), CheckpointError> {
-        let m = &self.manifest;
+        self.compare("parameter", &self.manifest.layout, layout)
+    }
+
+    /// Checks that the checkpoint's non-trained module state fits `layout` (this model's, see
+    /// [`crate::flat::FlatLayout::buffers_of`]); a checkpoint without it fits any model.
+    pub fn check_buffer_layout(&self, layout: &[LayoutEntry]) -> Result<(), CheckpointError> {
+        match &self.manifest.buffers {
+            Some(b) => self.compare("module state tensor", &b.layout, layout),
+            None => Ok(()),
+        }
+    }
+
+    fn compare(
+        &self,
+        what: &str,
+        saved: &[LayoutEntry],
+        layout: &[LayoutEntry],
+    ) -> Result<(), CheckpointError> {
         let mismatch = |reason: String| CheckpointError::Mismatch {
             path: self.dir.clone(),
             reason,
         };
-        for (i, (a, b)) in m.layout.iter().zip(layout).enumerate() {
+        for (i, (a, b)) in saved.iter().zip(layout).enumerate() {
             if a.path != b.path || a.shape != b.shape {
                 return Err(mismatch(format!(
-                    "parameter #{i} is {:?} {:?} in the checkpoint but {:?} {:?} in this model",
+                    "{what} #{i} is {:?} {:?} in the checkpoint but {:?} {:?} in this model",
                     a.path, a.shape, b.path, b.shape
                 )));
             }
         }
-        if m.layout.len() != layout.len() {
+        if saved.len() != layout.len() {
             return Err(mismatch(format!(
-                "the checkpoint has {} parameters, this model {}",
-                m.layout.len(),
+                "the checkpoint has {} {what}s, this model {}",
+                saved.len(),
                 layout.len()
             )));
         }

@@ -1,7 +1,7 @@
 //! The checks of a manifest read from disk: known format, plain file names, ranges inside the
 //! model covering it exactly once, sizes that fit what the files must hold.
 
-use super::{FORMAT, FileEntry, MANIFEST, Manifest};
+use super::{FORMAT, FileEntry, LayoutEntry, MANIFEST, Manifest};
 
 /// Checks a manifest read from disk: known format, sane names, layout and file ranges that
 /// cover the flat vector exactly once.
@@ -19,29 +19,7 @@ pub(super) fn validate(m: &Manifest) -> Result<(), String> {
             m.world, m.ranks_per_node
         ));
     }
-    let mut at = 0usize;
-    for e in &m.layout {
-        let prod = e
-            .shape
-            .iter()
-            .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| format!("parameter {:?}: shape overflows", e.path))?;
-        if e.offset != at || e.len != prod {
-            return Err(format!(
-                "parameter {:?}: offset {} / len {} do not follow the layout",
-                e.path, e.offset, e.len
-            ));
-        }
-        at = at
-            .checked_add(e.len)
-            .ok_or_else(|| "layout size overflows".to_string())?;
-    }
-    if at != m.total {
-        return Err(format!(
-            "layout holds {at} elements, total says {}",
-            m.total
-        ));
-    }
+    check_layout("parameter", &m.layout, m.total)?;
     check_cover("", &m.files, m.total, m.state_tensors.len())?;
     if let Some(d) = &m.diloco {
         check_file(&d.outer, 1)?;
@@ -63,11 +41,49 @@ pub(super) fn validate(m: &Manifest) -> Result<(), String> {
             check_cover(&what, files, m.total, m.state_tensors.len())?;
         }
     }
+    if let Some(b) = &m.buffers {
+        check_layout("module state", &b.layout, b.total)?;
+        check_file(&b.file, 0)?;
+        if b.file.ranges != [[0, b.total]] {
+            return Err(format!(
+                "module state file {}: ranges {:?}, expected the whole state [[0, {}]]",
+                b.file.name, b.file.ranges, b.total
+            ));
+        }
+    }
     if m.state_tensors
         .iter()
         .any(|s| s.is_empty() || s.len() > 200)
     {
         return Err("bad optimizer state tensor name".into());
+    }
+    Ok(())
+}
+
+/// Checks that `layout`'s entries follow one another from 0 to `total`, each as long as its
+/// shape (checked arithmetic: a crafted shape is refused, not an overflow).
+fn check_layout(what: &str, layout: &[LayoutEntry], total: usize) -> Result<(), String> {
+    let mut at = 0usize;
+    for e in layout {
+        let prod = e
+            .shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| format!("{what} {:?}: shape overflows", e.path))?;
+        if e.offset != at || e.len != prod {
+            return Err(format!(
+                "{what} {:?}: offset {} / len {} do not follow the layout",
+                e.path, e.offset, e.len
+            ));
+        }
+        at = at
+            .checked_add(e.len)
+            .ok_or_else(|| format!("{what} layout size overflows"))?;
+    }
+    if at != total {
+        return Err(format!(
+            "{what} layout holds {at} elements, total says {total}"
+        ));
     }
     Ok(())
 }

@@ -1,12 +1,10 @@
-//! `wiretrain export`: one consolidated safetensors file from a sharded checkpoint, with one
-//! tensor per parameter named by its module path, which Burn's `SafetensorsStore` loads into
-//! the same module.
+//! `wiretrain export`: flags and printing around [`wiretrain::checkpoint::export`] (one
+//! safetensors file that Burn's `SafetensorsStore` loads into the same module).
 
 use anyhow::{Context, Result};
 use clap::Args;
-use std::collections::HashMap;
 use std::path::PathBuf;
-use wiretrain::checkpoint::{Checkpoint, write_atomic};
+use wiretrain::checkpoint::{Checkpoint, export};
 
 #[derive(Debug, Clone, Args)]
 pub struct ExportArgs {
@@ -20,41 +18,18 @@ pub struct ExportArgs {
 
 pub fn run(args: &ExportArgs) -> Result<()> {
     let ck = Checkpoint::open(&args.checkpoint)?;
-    let flat = ck.read_params()?;
-    let m = &ck.manifest;
-    let bytes: Vec<Vec<u8>> = m
-        .layout
-        .iter()
-        .map(|e| {
-            flat[e.offset..e.offset + e.len]
-                .iter()
-                .flat_map(|x| x.to_le_bytes())
-                .collect()
-        })
-        .collect();
-    let views = m
-        .layout
-        .iter()
-        .zip(&bytes)
-        .map(|(e, b)| {
-            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, e.shape.clone(), b)
-                .map(|v| (e.path.clone(), v))
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .context("building the tensors")?;
-    let meta = HashMap::from([
-        ("format".to_string(), "safetensors".to_string()),
-        ("producer".to_string(), "wiretrain".to_string()),
-        ("step".to_string(), m.step.to_string()),
-    ]);
-    let out = safetensors::serialize(views, Some(meta)).context("serializing")?;
-    write_atomic(&args.out, &out)?;
+    let e = export(&ck, &args.out)
+        .with_context(|| format!("exporting {}", args.checkpoint.display()))?;
+    let state = match e.state_tensors {
+        0 => String::new(),
+        n => format!(", {n} tensors of running state"),
+    };
     eprintln!(
-        "wiretrain: step {} of {} ({} parameters, {} tensors) written to {}",
-        m.step,
+        "wiretrain: step {} of {} ({} parameters, {} tensors{state}) written to {}",
+        e.step,
         ck.dir.display(),
-        m.total,
-        m.layout.len(),
+        e.params,
+        e.tensors,
         args.out.display()
     );
     Ok(())

@@ -19,9 +19,9 @@
 use super::{OtherRank, TrainError, Trainer};
 use crate::checkpoint::Checkpoint;
 use crate::checkpoint::{
-    CheckpointError, DilocoManifest, DirLock, FORMAT, FileEntry, LayoutEntry, Manifest, OUTER_FILE,
-    OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune_stalling, step_dir_name,
-    write_manifest, write_named, write_shard,
+    BuffersManifest, CheckpointError, DilocoManifest, DirLock, FORMAT, FileEntry, LayoutEntry,
+    Manifest, OUTER_FILE, OUTER_MOMENTUM, ShardData, ensure_unused, move_aside, prune_stalling,
+    step_dir_name, write_manifest, write_named, write_shard,
 };
 use crate::clock::StepClock;
 use crate::optim::ExportedState;
@@ -32,6 +32,18 @@ use wiretrain_comm::ReduceOp;
 
 /// Checkpoints `resume_latest` tries, newest first, before it gives up.
 const MAX_FALLBACK: usize = 8;
+
+/// What a rank wrote of a checkpoint, before the reports are gathered.
+struct Own {
+    /// Its shard's outcome, when it writes one.
+    shard: Option<Result<FileEntry, CheckpointError>>,
+    /// The optimizer state's names and scalars.
+    state: ExportedState,
+    /// Rank 0 under DiLoCo: the outer state's file.
+    outer: Option<FileEntry>,
+    /// Rank 0: the module state that is not trained, when the model has any.
+    buffers: Option<BuffersManifest>,
+}
 
 /// What a rank reports after its part of a checkpoint save.
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -76,16 +88,7 @@ impl<M: Module> Trainer<M> {
 
     /// The flat layout as the manifest records it.
     pub fn layout_entries(&self) -> Vec<LayoutEntry> {
-        self.layout
-            .entries()
-            .iter()
-            .map(|e| LayoutEntry {
-                path: e.path.clone(),
-                shape: e.shape.clone(),
-                offset: e.offset,
-                len: e.len,
-            })
-            .collect()
+        super::buffers::manifest_entries(&self.layout)
     }
 
     /// This rank's owned element ranges, the parameters over them and its optimizer state.
@@ -183,16 +186,17 @@ impl<M: Module> Trainer<M> {
     ) -> Result<PathBuf, TrainError> {
         let dir = root.join(step_dir_name(step));
         let rank = self.pg.rank();
-        let (mine, state, outer_file) = self.write_own(&dir)?;
+        let own = self.write_own(&dir)?;
         // An injected stall between the shards and the manifest (the window in which a crash
         // must not harm older checkpoints).
         if let Some(stall) = self.cfg.faults.checkpoint_stall(step, rank) {
             std::thread::sleep(stall);
         }
-        let reports = self.gather_reports(mine, step)?;
+        let reports = self.gather_reports(own.shard, step)?;
         let mut status = 0.0f32;
         if rank == 0 {
-            let manifest = self.manifest(step, run, reports, state, outer_file);
+            let mut manifest = self.manifest(step, run, reports, own.state, own.outer);
+            manifest.buffers = own.buffers;
             let res = self.commit(&dir, root, &manifest, keep);
             status = f32::from(u8::from(res.is_err()));
             let agreed = self.pg.broadcast(vec![status], 0).wait()?;
@@ -207,44 +211,41 @@ impl<M: Module> Trainer<M> {
         Ok(dir)
     }
 
-    /// Writes this rank's shard (when it writes one) and, on rank 0 under DiLoCo, the outer
-    /// state: (this rank's outcome, the optimizer state's names and scalars, the outer file).
-    #[allow(clippy::type_complexity)]
-    fn write_own(
-        &mut self,
-        dir: &Path,
-    ) -> Result<
-        (
-            Option<Result<FileEntry, CheckpointError>>,
-            ExportedState,
-            Option<FileEntry>,
-        ),
-        TrainError,
-    > {
+    /// Writes this rank's shard (when it writes one) and, on rank 0, the outer state under
+    /// DiLoCo and the module state that is not trained.
+    fn write_own(&mut self, dir: &Path) -> Result<Own, TrainError> {
         let rank = self.pg.rank();
-        let mut mine = None;
-        let mut state = ExportedState::default();
-        let mut outer_file = None;
+        let mut own = Own {
+            shard: None,
+            state: ExportedState::default(),
+            outer: None,
+            buffers: None,
+        };
         if self.writes_checkpoint() {
             let (shard, st) = self.shard_data()?;
-            state = st;
-            mine = Some(write_shard(dir, rank, &shard));
+            own.state = st;
+            own.shard = Some(write_shard(dir, rank, &shard));
         }
-        if rank == 0
-            && let Some(o) = self.sync.outer()
-            && let Some(Ok(_)) = &mine
-        {
+        if rank != 0 || matches!(own.shard, Some(Err(_))) {
+            return Ok(own);
+        }
+        if let Some(o) = self.sync.outer() {
             let outer = ShardData {
                 ranges: std::iter::once(0..o.anchor.len()).collect(),
                 params: o.anchor.clone(),
                 state: vec![(OUTER_MOMENTUM.into(), o.momentum.clone())],
             };
             match write_named(dir, OUTER_FILE, rank, &outer) {
-                Ok(f) => outer_file = Some(f),
-                Err(e) => mine = Some(Err(e)),
+                Ok(f) => own.outer = Some(f),
+                Err(e) => own.shard = Some(Err(e)),
             }
         }
-        Ok((mine, state, outer_file))
+        match self.write_buffers(dir) {
+            Ok(b) => own.buffers = b,
+            Err(TrainError::Checkpoint(e)) => own.shard = Some(Err(e)),
+            Err(e) => return Err(e),
+        }
+        Ok(own)
     }
 
     /// Every rank's outcome, as a record, to every rank; an error when any rank's write
@@ -323,6 +324,7 @@ impl<M: Module> Trainer<M> {
             run,
             files,
             run_id: self.run_id.clone(),
+            buffers: None,
             diloco: self.sync.outer().map(|o| DilocoManifest {
                 inner_done: o.inner_done,
                 outer: outer_file.expect("rank 0 wrote the outer state"),

@@ -190,6 +190,7 @@ impl<M: Module> Trainer<M> {
             self.held.params = ck.read_params()?;
             self.reset_master();
         }
+        self.load_buffers(ck)?;
         if self.sync.outer().is_some() {
             // DiLoCo: this node's inner state and the outer state, or a new round at the
             // loaded parameters when the checkpoint has no DiLoCo state.
