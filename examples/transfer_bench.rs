@@ -1,8 +1,10 @@
 //! Host <-> device bandwidth of the three ways bytes can cross, measured in one run on one
 //! device: the per-tensor path wiretrain used before its transfer engine (one blocking
 //! `into_data` per tensor; one `from_data` per tensor), the engine (`wiretrain::transfer`: one
-//! batched read of every tensor, one upload), and raw wgpu staging through wiretrain's own
-//! kernels' buffers (a wgpu device only). Each size is cut into `TENSORS` tensors, as a model's
+//! batched read of every tensor, one upload), and raw wgpu buffers of wiretrain's own kernels
+//! (a wgpu device only) through staging made per call (`fresh-staging`: a new `MAP_READ`
+//! buffer per read, `queue.write_buffer` per write) and through the persistent staging ring
+//! (`staging-ring`: chunks in flight, read straight into the caller's buffer). Each size is cut into `TENSORS` tensors, as a model's
 //! gradients are; GB/s = bytes / median time (GB = 1e9 bytes), after one warm-up round.
 //!
 //! `cargo run --release --example transfer_bench -- [DEVICE] [SIZES] [TENSORS] [ROUNDS]`
@@ -167,17 +169,35 @@ fn measure(
     );
     if let Some(k) = &rd.kernels {
         let buf = k.upload(&host)?;
+        let mut out = vec![0.0f32; elems];
         row(
             "d2h",
-            "raw-staging",
+            "fresh-staging",
             time(rounds, || {
-                k.read::<f32>(&buf, elems)?;
+                k.read_unstaged::<f32>(&buf, elems)?;
+                Ok(())
+            })?,
+        );
+        row(
+            "d2h",
+            "staging-ring",
+            time(rounds, || {
+                k.read_into(&buf, &mut out)?;
                 Ok(())
             })?,
         );
         row(
             "h2d",
-            "raw-staging",
+            "fresh-staging",
+            time(rounds, || {
+                k.write_unstaged(&buf, &host)?;
+                k.sync()?;
+                Ok(())
+            })?,
+        );
+        row(
+            "h2d",
+            "staging-ring",
             time(rounds, || {
                 k.write(&buf, &host)?;
                 k.sync()?;

@@ -1,7 +1,9 @@
 //! Pipelines, buffers and chunked dispatch of the WGSL kernels.
 
 use crate::ShaderError;
+use crate::staging::{DEFAULT_CHUNK_BYTES, DEFAULT_SLOTS, Staging};
 use std::num::NonZeroU64;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use wgpu::util::DeviceExt;
 
@@ -44,6 +46,8 @@ impl Default for AdamWHyper {
 /// How many times each kernel ran (calls, not chunks).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
+    /// Staging buffers created for reads and writes (a fixed ring, reused by every call).
+    pub staging_buffers: u64,
     pub cast: u64,
     pub reduce: u64,
     pub adamw: u64,
@@ -123,6 +127,7 @@ pub struct Kernels {
     dequantize: wgpu::ComputePipeline,
     chunk: usize,
     counters: AtomicCounters,
+    staging: Mutex<Staging>,
     description: String,
 }
 
@@ -203,6 +208,7 @@ impl Kernels {
             queue,
             chunk,
             counters: AtomicCounters::default(),
+            staging: Mutex::new(Staging::new(DEFAULT_CHUNK_BYTES, DEFAULT_SLOTS)),
             description,
         }
     }
@@ -241,6 +247,26 @@ impl Kernels {
         self
     }
 
+    /// Reads and writes through rings of `slots` staging chunks of `chunk_bytes` (rounded up
+    /// to a multiple of 256) instead of the default 3 x 8 MiB: tests use small ones to
+    /// exercise buffers larger than the ring.
+    pub fn with_staging(self, chunk_bytes: u64, slots: usize) -> Self {
+        *self.staging.lock().unwrap_or_else(|p| p.into_inner()) = Staging::new(chunk_bytes, slots);
+        self
+    }
+
+    /// The staging ring's chunk size in bytes and its slots per direction.
+    pub fn staging_shape(&self) -> (u64, usize) {
+        let s = self.staging();
+        (s.chunk_bytes(), s.slots())
+    }
+
+    fn staging(&self) -> std::sync::MutexGuard<'_, Staging> {
+        // A panic while a ring was held leaves nothing half-done that matters: a failed call
+        // drops its ring before returning.
+        self.staging.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn chunk_elems(&self) -> usize {
         self.chunk
     }
@@ -256,6 +282,7 @@ impl Kernels {
     pub fn counters(&self) -> Counters {
         let c = &self.counters;
         Counters {
+            staging_buffers: self.staging().created,
             cast: c.cast.load(Ordering::Relaxed),
             reduce: c.reduce.load(Ordering::Relaxed),
             adamw: c.adamw.load(Ordering::Relaxed),
@@ -296,24 +323,67 @@ impl Kernels {
         Ok(buf)
     }
 
-    /// Overwrites the start of `buf` with `data`.
+    /// Overwrites the start of `buf` with `data`, through the staging ring: work submitted
+    /// afterwards sees it.
     pub fn write<T: bytemuck::Pod>(&self, buf: &GpuBuf, data: &[T]) -> Result<(), ShaderError> {
-        let bytes: &[u8] = bytemuck::cast_slice(data);
-        if bytes.len() > 4 * buf.words {
-            return Err(ShaderError::TooSmall {
-                what: "write",
-                have: buf.words,
-                need: bytes.len().div_ceil(4),
-            });
+        let bytes = fits("write", buf, data)?;
+        if !bytes.is_empty() {
+            self.staging()
+                .write_from(&self.device, &self.queue, &buf.buffer, 0, bytes)?;
         }
+        Ok(())
+    }
+
+    /// Reads the first `words` words of `buf` back (waits for all submitted work), through
+    /// the staging ring.
+    pub fn read<T: bytemuck::Pod>(
+        &self,
+        buf: &GpuBuf,
+        words: usize,
+    ) -> Result<Vec<T>, ShaderError> {
+        need("read", buf, words)?;
+        let mut out = vec![T::zeroed(); 4 * words / std::mem::size_of::<T>()];
+        self.read_into(buf, &mut out)?;
+        Ok(out)
+    }
+
+    /// Reads the start of `buf` into `out` (waits for all submitted work), through the
+    /// staging ring: straight into the caller's buffer, with no copy in between.
+    pub fn read_into<T: bytemuck::Pod>(
+        &self,
+        buf: &GpuBuf,
+        out: &mut [T],
+    ) -> Result<(), ShaderError> {
+        let bytes = std::mem::size_of_val(out);
+        if !bytes.is_multiple_of(4) {
+            return Err(ShaderError::Unaligned(bytes));
+        }
+        need("read", buf, bytes / 4)?;
+        let bytes: &mut [u8] = bytemuck::cast_slice_mut(out);
+        if !bytes.is_empty() {
+            self.staging()
+                .read_into(&self.device, &self.queue, &buf.buffer, 0, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// [`Kernels::write`] through `queue.write_buffer`, which makes fresh staging memory on
+    /// every call: the baseline the transfer benchmark compares the ring with.
+    pub fn write_unstaged<T: bytemuck::Pod>(
+        &self,
+        buf: &GpuBuf,
+        data: &[T],
+    ) -> Result<(), ShaderError> {
+        let bytes = fits("write", buf, data)?;
         if !bytes.is_empty() {
             self.queue.write_buffer(&buf.buffer, 0, bytes);
         }
         Ok(())
     }
 
-    /// Reads the first `words` words of `buf` back (waits for all submitted work).
-    pub fn read<T: bytemuck::Pod>(
+    /// [`Kernels::read`] through a `MAP_READ` buffer made for the call: the baseline the
+    /// transfer benchmark compares the ring with.
+    pub fn read_unstaged<T: bytemuck::Pod>(
         &self,
         buf: &GpuBuf,
         words: usize,
@@ -417,6 +487,26 @@ impl Kernels {
 /// Bytes of `elems` f32 values rounded up to whole vec4s (buffers are allocated that way).
 fn vec4_bytes(elems: usize) -> u64 {
     (4 * elems).next_multiple_of(16) as u64
+}
+
+/// `data` as bytes, when it fits in `buf`.
+fn fits<'a, T: bytemuck::Pod>(
+    what: &'static str,
+    buf: &GpuBuf,
+    data: &'a [T],
+) -> Result<&'a [u8], ShaderError> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    if !bytes.len().is_multiple_of(4) {
+        return Err(ShaderError::Unaligned(bytes.len()));
+    }
+    if bytes.len() > 4 * buf.words {
+        return Err(ShaderError::TooSmall {
+            what,
+            have: buf.words,
+            need: bytes.len().div_ceil(4),
+        });
+    }
+    Ok(bytes)
 }
 
 fn need(what: &'static str, b: &GpuBuf, words: usize) -> Result<(), ShaderError> {

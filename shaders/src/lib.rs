@@ -11,7 +11,9 @@
 //! * int8 block quantization (128 values per f32 scale, the rules of wiretrain-comm's codec)
 //!   and its inverse — [`Kernels::quantize_int8`], [`Kernels::dequantize_int8`].
 //!
-//! Pipelines are built once in [`Kernels::new`]. A buffer larger than one storage binding
+//! Reads and writes go through persistent staging rings (`staging.rs`: a few chunks in
+//! flight, no allocation per call; [`Kernels::read_into`] reads straight into the caller's
+//! buffer). Pipelines are built once in [`Kernels::new`]. A buffer larger than one storage binding
 //! (lavapipe: 128 MiB) is processed in chunks, each bound as a sub-range of the buffer.
 //! Every kernel call counts itself ([`Kernels::counters`]) so callers can prove which path ran.
 //!
@@ -20,6 +22,7 @@
 //! data it uploaded itself, so nothing is shared).
 
 mod kernels;
+mod staging;
 
 pub use kernels::{AdamWHyper, AdamWShard, Counters, GpuBuf, Half, Kernels};
 
@@ -42,6 +45,8 @@ pub enum ShaderError {
         have: usize,
         need: usize,
     },
+    #[error("{0} bytes is not a whole number of 4-byte words")]
+    Unaligned(usize),
     #[error("the reduce output is also one of its inputs")]
     Aliased,
     #[error("{bytes} bytes exceed the device's largest buffer ({max} bytes)")]
