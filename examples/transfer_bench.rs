@@ -1,7 +1,9 @@
 //! Host <-> device bandwidth of the three ways bytes can cross, measured in one run on one
 //! device: the per-tensor path wiretrain used before its transfer engine (one blocking
 //! `into_data` per tensor; one `from_data` per tensor), the engine (`wiretrain::transfer`: one
-//! batched read of every tensor, one upload), and raw wgpu buffers of wiretrain's own kernels
+//! batched read of every tensor, one upload), one whole tensor through Burn's own read and
+//! upload (`burn-1-tensor`) against wiretrain's, which on a wgpu device go through its staging
+//! ring straight from and into the tensor's storage (`ring-1-tensor`), and raw wgpu buffers of wiretrain's own kernels
 //! (a wgpu device only) through staging made per call (`fresh-staging`: a new `MAP_READ`
 //! buffer per read, `queue.write_buffer` per write) and through the persistent staging ring
 //! (`staging-ring`: chunks in flight, read straight into the caller's buffer). Each size is cut into `TENSORS` tensors, as a model's
@@ -40,6 +42,27 @@ fn time(rounds: usize, mut f: impl FnMut() -> Res<()>) -> Res<Duration> {
         let t = Instant::now();
         f()?;
         v.push(t.elapsed());
+    }
+    Ok(median(v))
+}
+
+/// Times `read` of a tensor `fresh` computes anew for each round (untimed, and finished on
+/// the device first), so that no path can return an earlier round's read; the median.
+fn time_reads(
+    rounds: usize,
+    device: &Device,
+    mut fresh: impl FnMut(usize) -> Tensor<1>,
+    mut read: impl FnMut(Tensor<1>) -> Res<()>,
+) -> Res<Duration> {
+    let mut v = Vec::with_capacity(rounds);
+    for i in 0..=rounds {
+        let t = fresh(i);
+        device.sync()?;
+        let start = Instant::now();
+        read(t)?;
+        if i > 0 {
+            v.push(start.elapsed());
+        }
     }
     Ok(median(v))
 }
@@ -161,6 +184,46 @@ fn measure(
     row(
         "h2d",
         "engine",
+        time(rounds, || {
+            drop(transfer::upload(host.clone(), device));
+            device.sync()?;
+            Ok(())
+        })?,
+    );
+    // One tensor of the whole size: Burn's own read and upload against wiretrain's (through
+    // the staging ring on a wgpu device, straight from and into the tensor's storage).
+    let whole = Tensor::cat(parts.clone(), 0);
+    let fresh = |i: usize| whole.clone() + i as f32;
+    row(
+        "d2h",
+        "burn-1-tensor",
+        time_reads(rounds, device, fresh, |t| {
+            // Into a Vec, as wiretrain's read gives (Burn's bytes may be a mapped view).
+            t.try_into_data()?.try_into_vec::<f32>()?;
+            Ok(())
+        })?,
+    );
+    row(
+        "d2h",
+        "ring-1-tensor",
+        time_reads(rounds, device, fresh, |t| {
+            transfer::read_f32(t)?;
+            Ok(())
+        })?,
+    );
+    row(
+        "h2d",
+        "burn-1-tensor",
+        time(rounds, || {
+            let d = TensorData::new(host.clone(), [elems]);
+            drop(Tensor::<1>::from_data(d, device));
+            device.sync()?;
+            Ok(())
+        })?,
+    );
+    row(
+        "h2d",
+        "ring-1-tensor",
         time(rounds, || {
             drop(transfer::upload(host.clone(), device));
             device.sync()?;

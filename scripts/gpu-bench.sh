@@ -2,7 +2,8 @@
 # The GPU-path figures in one prepared run of at most GPU_BENCH_BUDGET seconds (default 290) on
 # a GPU machine with no toolchain and no network; binaries built beforehand with --pack:
 #   1. transfer_bench: host<->device GB/s at 1, 16, 64, 256 MiB for the per-tensor path, the
-#      transfer engine and raw wgpu staging, in the same run;
+#      transfer engine, one tensor through Burn's read/upload and through the staging ring,
+#      and the kernels' buffers through fresh staging and through the ring, in the same run;
 #   2. overhead: wiretrain at world 1 (device-resident, then the host path) against plain Burn,
 #      char-lm at 3.2M (--d-model 256 --layers 4) and 25M (--d-model 512 --layers 8);
 #   3. two node processes sharing the GPU, char-lm 25M, DDP and ZeRO-2: the new binary and the

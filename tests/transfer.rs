@@ -298,6 +298,54 @@ fn on_a_wgpu_device_the_sharded_master_stays_there_between_steps() {
     let _ = std::fs::remove_dir_all(&d);
 }
 
+/// ZeRO-3 and HSDP at 2 x 1, the mlp cut into its 3 layers (U = 2112, 4160 and 650
+/// elements): each unit's gathered parameters go up once per use (every unit in the forward
+/// pass; every unit but the last again in the backward pass, the last still held from the
+/// forward), each gradient comes down once, the owned gradient goes up to the optimizer and
+/// the updated owned master comes down (O = P/2 under ZeRO-3; HSDP with one rank per node
+/// owns all). The master goes up at every step on the CPU backend (its device is host
+/// memory) and at the first only on lavapipe, with the fused AdamW or Burn's, unless
+/// `--host-path`. A wait per unit's gradients, the optimizer's and the loss's. On lavapipe
+/// the run equals `--host-path` exactly.
+#[test]
+fn zero3_and_hsdp_move_each_units_parameters_up_once_per_use_counted_exactly() {
+    let units = [32 * 64 + 64, 64 * 64 + 64, 64 * 10 + 10u64];
+    let p: u64 = units.iter().sum();
+    assert_eq!(p, 6922);
+    let gathered = 4 * (p + p - units[2]);
+    let d = common::fresh_dir("transfer", "units");
+    for (strategy, owned) in [("zero3", p / 2), ("hsdp", p)] {
+        let mut runs = Vec::new();
+        for (device, flags) in [
+            ("cpu", &[][..]),
+            ("wgpu:cpu", &[][..]),
+            ("wgpu:cpu", &["--no-fused-optimizer"][..]),
+            ("wgpu:cpu", &["--no-fused-optimizer", "--host-path"][..]),
+        ] {
+            let name = format!("{strategy}-{}-{}", device.replace(':', "-"), runs.len());
+            let (rows, params) = steps_2x1(&d, &name, (strategy, device), flags);
+            assert_eq!(rows.len(), 12, "{name}: a line per step");
+            let every_step = device == "cpu" || flags.contains(&"--host-path");
+            for (i, r) in rows.iter().enumerate() {
+                let master = if every_step || i == 0 { 4 * owned } else { 0 };
+                let up = gathered + 4 * owned + master;
+                assert_eq!(field(r, "h2d_bytes"), up, "{name}, step {}: {r}", i + 1);
+                let down = 4 * p + 4 * owned + 4;
+                assert_eq!(field(r, "d2h_bytes"), down, "{name}, step {}: {r}", i + 1);
+                assert_eq!(field(r, "device_waits"), 3 + 2, "{name}: {r}");
+            }
+            runs.push((losses(&rows), params));
+        }
+        assert_same(
+            &format!("{strategy} on lavapipe: device-resident vs --host-path"),
+            &runs[2],
+            &runs[3],
+            0.0,
+        );
+    }
+    let _ = std::fs::remove_dir_all(&d);
+}
+
 /// World 1 on lavapipe (a real wgpu device): nothing but the loss scalar crosses, the
 /// device reports its memory, and the run equals the host path (the fused WGSL AdamW there,
 /// Burn's AdamW on the device here: the same math in another order, hence 1e-5 as the

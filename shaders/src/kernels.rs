@@ -48,6 +48,9 @@ impl Default for AdamWHyper {
 pub struct Counters {
     /// Staging buffers created for reads and writes (a fixed ring, reused by every call).
     pub staging_buffers: u64,
+    /// Reads and writes through the staging rings (of any buffer, Burn's tensors' too).
+    pub staging_reads: u64,
+    pub staging_writes: u64,
     pub cast: u64,
     pub reduce: u64,
     pub adamw: u64,
@@ -281,8 +284,14 @@ impl Kernels {
 
     pub fn counters(&self) -> Counters {
         let c = &self.counters;
+        let (staging_buffers, staging_reads, staging_writes) = {
+            let s = self.staging();
+            (s.created, s.reads, s.writes)
+        };
         Counters {
-            staging_buffers: self.staging().created,
+            staging_buffers,
+            staging_reads,
+            staging_writes,
             cast: c.cast.load(Ordering::Relaxed),
             reduce: c.reduce.load(Ordering::Relaxed),
             adamw: c.adamw.load(Ordering::Relaxed),
@@ -363,6 +372,43 @@ impl Kernels {
         if !bytes.is_empty() {
             self.staging()
                 .read_into(&self.device, &self.queue, &buf.buffer, 0, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes (a multiple of 4) of any buffer of this device, from byte
+    /// `offset` (a multiple of 4), into `out` through the staging ring: a Burn tensor's
+    /// storage, say. The caller keeps the range alive and flushed.
+    pub fn read_raw_into(
+        &self,
+        src: &wgpu::Buffer,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<(), ShaderError> {
+        if !out.len().is_multiple_of(4) || !offset.is_multiple_of(4) {
+            return Err(ShaderError::Unaligned(out.len()));
+        }
+        if !out.is_empty() {
+            self.staging()
+                .read_into(&self.device, &self.queue, src, offset, out)?;
+        }
+        Ok(())
+    }
+
+    /// Copies `data` (a multiple of 4 bytes) into any buffer of this device from byte
+    /// `offset` (a multiple of 4) through the staging ring; work submitted afterwards sees it.
+    pub fn write_raw(
+        &self,
+        dst: &wgpu::Buffer,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ShaderError> {
+        if !data.len().is_multiple_of(4) || !offset.is_multiple_of(4) {
+            return Err(ShaderError::Unaligned(data.len()));
+        }
+        if !data.is_empty() {
+            self.staging()
+                .write_from(&self.device, &self.queue, dst, offset, data)?;
         }
         Ok(())
     }

@@ -46,6 +46,9 @@ pub(crate) struct Staging {
     write: Vec<WriteSlot>,
     /// Staging buffers created so far (both rings, across failures).
     pub(crate) created: u64,
+    /// Reads and writes that went through the rings.
+    pub(crate) reads: u64,
+    pub(crate) writes: u64,
 }
 
 /// Starts a map of `slice` whose outcome arrives on the returned channel.
@@ -81,6 +84,8 @@ impl Staging {
             read: Vec::new(),
             write: Vec::new(),
             created: 0,
+            reads: 0,
+            writes: 0,
         }
     }
 
@@ -130,6 +135,7 @@ impl Staging {
         offset: u64,
         out: &mut [u8],
     ) -> Result<(), ShaderError> {
+        self.reads += 1;
         let res = self.read_chunks(device, queue, src, offset, out);
         if res.is_err() {
             self.read.clear();
@@ -192,6 +198,7 @@ impl Staging {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ShaderError> {
+        self.writes += 1;
         let res = self.write_chunks(device, queue, dst, offset, data);
         if res.is_err() {
             self.write.clear();

@@ -8,6 +8,8 @@
 //! user's own code moves (its batches) and Burn's internal traffic.
 
 use burn::tensor::{Device, Tensor, TensorData, TensorReadError, Transaction};
+
+mod raw;
 use serde::Serialize;
 use std::cell::Cell;
 
@@ -71,6 +73,10 @@ pub(crate) fn note_write(bytes: usize) {
 /// Reads `t` as f32 with one blocking wait (an f16 tensor moves 2 bytes an element and is
 /// widened on the host).
 pub fn read_f32<const D: usize>(t: Tensor<D>) -> Result<Vec<f32>, TensorReadError> {
+    if let Some(v) = read_staged(&t) {
+        note_read(4 * v.len());
+        return Ok(v);
+    }
     let data = t.try_into_data()?;
     note_read(data.as_bytes().len());
     Ok(data.try_into_vec_as::<f32>()?)
@@ -103,7 +109,59 @@ pub fn read_scalar(t: Tensor<1>) -> Result<f32, TensorReadError> {
 pub fn upload(vals: Vec<f32>, device: &Device) -> Tensor<1> {
     let n = vals.len();
     note_write(4 * n);
+    if let Some(t) = upload_staged(&vals, device) {
+        return t;
+    }
     Tensor::<1>::from_data(TensorData::new(vals, [n]), device)
+}
+
+/// Whether reads and uploads on a wgpu device go through wiretrain's staging ring (the
+/// default) rather than Burn's own staging: `WIRETRAIN_BURN_STAGING=1` takes Burn's, for a
+/// comparison or a workaround.
+fn ring_enabled() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("WIRETRAIN_BURN_STAGING").is_none_or(|v| v != "1"))
+}
+
+/// Reads an f32 tensor of a wgpu device straight from its storage through the staging ring
+/// of wiretrain's kernels on that device (chunks in flight, no allocation per call); `None`
+/// where that path does not apply (another backend or dtype, no kernels), and Burn's is
+/// taken.
+fn read_staged<const D: usize>(t: &Tensor<D>) -> Option<Vec<f32>> {
+    let n = t.shape().num_elements();
+    if n == 0 || !ring_enabled() {
+        return None;
+    }
+    let kernels = crate::device::kernels_for(&t.device())?;
+    let flat = raw::raw_buffer(&t.clone().reshape([n]))?;
+    let mut out = vec![0.0f32; (flat.size / 4) as usize];
+    let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut out);
+    match kernels.read_raw_into(&flat.buffer, flat.offset, bytes) {
+        Ok(()) => Some(out),
+        Err(e) => {
+            tracing::warn!("reading through the staging ring: {e}; taking Burn's path");
+            None
+        }
+    }
+}
+
+/// Uploads into a new tensor's storage through the staging ring (see [`read_staged`]).
+fn upload_staged(vals: &[f32], device: &Device) -> Option<Tensor<1>> {
+    if vals.is_empty() || !ring_enabled() {
+        return None;
+    }
+    let kernels = crate::device::kernels_for(device)?;
+    let (t, raw) = raw::empty_f32(device, vals.len())?;
+    if let Err(e) = kernels.write_raw(&raw.buffer, raw.offset, bytemuck::cast_slice(vals)) {
+        tracing::warn!("uploading through the staging ring: {e}; taking Burn's path");
+        return None;
+    }
+    drop(raw);
+    Some(if device.is_autodiff() {
+        t.autodiff()
+    } else {
+        t
+    })
 }
 
 /// Bytes in use on `device` by its allocator now (tensors alive, padding excluded), where
