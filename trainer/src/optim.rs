@@ -572,7 +572,8 @@ impl Fused {
                 );
             }
             None => {
-                params.copy_from_slice(&k.read::<f32>(shard.param(), n)?);
+                // Straight into the caller's buffer (the all-gather's), no Vec in between.
+                k.read_into(shard.param(), &mut params[..n])?;
                 transfer::note_read(4 * n);
             }
         }
