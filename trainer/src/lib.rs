@@ -41,6 +41,7 @@ pub mod checkpoint;
 mod clock;
 pub mod data;
 pub mod device;
+pub mod elastic;
 pub mod engine;
 mod error;
 pub mod faults;

@@ -18,6 +18,7 @@ use std::process::{Child, Command, ExitStatus};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use wiretrain::elastic::policy::{Decision, EpochEnd, Limits, decide};
 use wiretrain::job::env;
 use wiretrain_comm::tls::Token;
 
@@ -339,23 +340,41 @@ fn next_epoch(
     let Err(LaunchError::Failed { failures, code }) = res else {
         return res.map(|()| None);
     };
-    let lost: Vec<usize> = (0..world)
-        .filter(|&i| status[i].is_some_and(killed))
+    // The nodes killed by a signal are lost; the others go on as a job of their own count,
+    // as the library's elastic policy decides.
+    let before: Vec<u64> = (0..world as u64).collect();
+    let alive: Vec<u64> = before
+        .iter()
+        .copied()
+        .filter(|&i| !status[i as usize].is_some_and(killed))
         .collect();
     let usage = status.iter().flatten().any(|s| s.code() == Some(2));
-    let left = world - lost.len();
-    if history.len() >= elastic.max_restarts || usage || left < elastic.min.max(1) {
-        let mut failures = failures;
-        if !history.is_empty() {
-            let h: Vec<String> = history.iter().map(describe_restart).collect();
-            failures.push(format!(
-                "after {} restart(s): {}",
-                history.len(),
-                h.join("; ")
-            ));
+    let limits = Limits {
+        min: elastic.min.max(1),
+        max: world,
+        max_restarts: elastic.max_restarts,
+    };
+    let end = EpochEnd::Failed {
+        restartable: !usage,
+    };
+    let next = match decide(&limits, history.len(), &before, &alive, end) {
+        Decision::Next(next) => next,
+        Decision::Done => return Ok(None),
+        Decision::End { why } => {
+            let mut failures = failures;
+            failures.extend(why);
+            if !history.is_empty() {
+                let h: Vec<String> = history.iter().map(describe_restart).collect();
+                failures.push(format!(
+                    "after {} restart(s): {}",
+                    history.len(),
+                    h.join("; ")
+                ));
+            }
+            return Err(LaunchError::Failed { failures, code });
         }
-        return Err(LaunchError::Failed { failures, code });
-    }
+    };
+    let (lost, left) = (next.left, next.members.len());
     let r = Restart {
         epoch: epoch + 1,
         left: lost,

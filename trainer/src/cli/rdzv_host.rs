@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
+use wiretrain::elastic::policy::{Decision, EpochEnd, Limits, Recovery, decide, gathered};
 
 mod tell;
 
@@ -114,6 +115,15 @@ impl Host {
         }
     }
 
+    /// The policy's limits (`--nnodes MIN:MAX --max-restarts R`).
+    fn limits(&self) -> Limits {
+        Limits {
+            min: self.policy.min,
+            max: self.policy.max,
+            max_restarts: self.policy.max_restarts,
+        }
+    }
+
     /// Whether the hosting agent was stopped by a signal.
     fn stopped(&self) -> bool {
         self.policy.stop.load(std::sync::atomic::Ordering::SeqCst)
@@ -187,21 +197,22 @@ impl Host {
             }
             // Agents gone in the window's last moments count as gone.
             self.drain();
-            let mut members = self.alive();
-            members.truncate(self.policy.max);
-            if members.len() >= self.policy.min {
+            let alive = self.alive();
+            let limits = self.limits();
+            if let Some(members) = gathered(&alive, &limits) {
                 return Ok(members);
             }
             tracing::warn!(
                 "elastic rendezvous: agents left during the join window; {} of the {} needed \
                  remain, gathering again",
-                members.len(),
+                alive.len(),
                 self.policy.min
             );
         }
     }
 
-    /// The job, epoch after epoch: `(exit code, message)` for every agent.
+    /// The job, epoch after epoch: `(exit code, message)` for every agent. What follows each
+    /// epoch is the library's elastic policy ([`wiretrain::elastic::policy::decide`]).
     async fn run(&mut self) -> (i32, String) {
         let mut members = match self.gather().await {
             Ok(m) => m,
@@ -212,133 +223,87 @@ impl Host {
             let outcome = self.epoch(epoch, &members).await;
             // What happened while the epoch ended counts before the next one is chosen.
             self.drain();
-            match outcome {
+            let alive = self.alive();
+            let (end, failures, code, detected) = match &outcome {
                 Outcome::Finished => return (0, String::new()),
-                Outcome::Grow { detected, in_place } => {
-                    let before = members.clone();
-                    let live = in_place.is_some();
-                    members = self.next_members(in_place.as_deref().unwrap_or(&before));
-                    if members.len() < self.policy.min {
-                        let why = format!(
-                            "agents joined, but only {} agent(s) are left of the {} the job \
-                             needs",
-                            members.len(),
-                            self.policy.min
-                        );
-                        return (1, why);
-                    }
-                    let joined: Vec<usize> = (0..members.len())
-                        .filter(|&i| !before.contains(&members[i]))
-                        .collect();
-                    // In place, the newcomers start fresh and receive the state.
-                    self.fresh = if live { joined.clone() } else { Vec::new() };
-                    self.in_place = live;
-                    let recovery = if live { "live" } else { "checkpoint" };
-                    self.record(
-                        epoch + 1,
-                        &before,
-                        &members,
-                        joined,
-                        "agents joined".into(),
-                        (detected, recovery),
-                    );
-                }
+                Outcome::Grow { detected, in_place } => (
+                    EpochEnd::Grow {
+                        in_place: in_place.as_deref(),
+                    },
+                    Vec::new(),
+                    1,
+                    *detected,
+                ),
                 Outcome::Failed {
                     failures,
                     code,
                     last,
                     detected,
-                } => {
-                    let before = members.clone();
-                    let next = self.next_members(&before);
-                    if self.failures_restarted >= self.policy.max_restarts
-                        || last
-                        || next.len() < self.policy.min
-                    {
-                        let mut msg = failures;
-                        if next.len() < self.policy.min && !last {
-                            msg.push(format!(
-                                "{} agent(s) left, fewer than the {} the job needs",
-                                next.len(),
-                                self.policy.min
-                            ));
-                        }
-                        if !self.history.is_empty() {
-                            let h: Vec<String> =
-                                self.history.iter().map(describe_restart).collect();
-                            msg.push(format!(
-                                "after {} restart(s) ({} after failures): {}",
-                                self.history.len(),
-                                self.failures_restarted,
-                                h.join("; ")
-                            ));
-                        }
-                        return (code, msg.join("; "));
-                    }
-                    self.failures_restarted += 1;
-                    let joined: Vec<usize> = (0..next.len())
-                        .filter(|&i| !before.contains(&next[i]))
-                        .collect();
-                    members = next;
-                    self.record(
-                        epoch + 1,
-                        &before,
-                        &members,
-                        joined,
-                        failures.join("; "),
-                        (detected, "checkpoint"),
-                    );
-                }
+                } => (
+                    EpochEnd::Failed { restartable: !last },
+                    failures.clone(),
+                    *code,
+                    *detected,
+                ),
                 Outcome::Heal {
                     failures,
                     code,
                     detected,
                     healing,
-                } => {
-                    // The survivors' processes wait, alive: the next epoch is theirs alone
-                    // (agents waiting to join come in at the next restart point).
-                    if self.failures_restarted >= self.policy.max_restarts
-                        || healing.len() < self.policy.min
-                    {
-                        let mut msg = failures;
-                        msg.push(format!(
-                            "no heal: {} restart(s) of {} made, {} node(s) left of the {} the \
-                             job needs",
-                            self.failures_restarted,
-                            self.policy.max_restarts,
-                            healing.len(),
-                            self.policy.min
-                        ));
-                        return (code, msg.join("; "));
-                    }
-                    self.failures_restarted += 1;
-                    self.in_place = true;
-                    let before = std::mem::replace(&mut members, healing);
+                } => (
+                    EpochEnd::Heal {
+                        survivors: healing.as_slice(),
+                    },
+                    failures.clone(),
+                    *code,
+                    *detected,
+                ),
+            };
+            let limits = self.limits();
+            match decide(&limits, self.failures_restarted, &members, &alive, end) {
+                Decision::Done => return (0, String::new()),
+                Decision::End { why } => return (code, self.end_message(failures, why)),
+                Decision::Next(next) => {
+                    self.failures_restarted += usize::from(next.uses_restart);
+                    let live = next.recovery == Recovery::Live;
+                    // In place, the newcomers start fresh and receive the state.
+                    self.fresh = if live {
+                        next.joined.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    self.in_place = live;
+                    let reason = match &outcome {
+                        Outcome::Grow { .. } => "agents joined".to_string(),
+                        _ => failures.join("; "),
+                    };
+                    let before = std::mem::replace(&mut members, next.members);
                     self.record(
                         epoch + 1,
                         &before,
                         &members,
-                        Vec::new(),
-                        failures.join("; "),
-                        (detected, "live"),
+                        next.joined,
+                        reason,
+                        (detected, next.recovery.as_str()),
                     );
                 }
             }
         }
     }
 
-    /// The next epoch's members: those of `before` still there, in their order, then the
-    /// agents waiting, in the order they joined, up to MAX.
-    fn next_members(&self, before: &[u64]) -> Vec<u64> {
-        let alive = self.alive();
-        let mut next: Vec<u64> = before
-            .iter()
-            .copied()
-            .filter(|id| alive.contains(id))
-            .collect();
-        next.extend(alive.iter().filter(|id| !before.contains(id)));
-        next.truncate(self.policy.max);
-        next
+    /// The job's last word: the failures, the policy's reason, the restarts made.
+    fn end_message(&self, mut msg: Vec<String>, why: Option<String>) -> String {
+        msg.extend(why);
+        if !self.history.is_empty() {
+            let h: Vec<String> = self.history.iter().map(describe_restart).collect();
+            msg.push(format!(
+                "after {} restart(s) ({} after failures): {}",
+                self.history.len(),
+                self.failures_restarted,
+                h.join("; ")
+            ));
+        }
+        msg.join("; ")
     }
 
     fn record(
