@@ -5,7 +5,7 @@
 //! [`CharLmConfig::seq`] characters starting at offset `i`; its targets are the same window
 //! shifted by one character. The vocabulary is the set of characters of the text.
 
-use crate::units::{Act, Units};
+use crate::units::{Act, UnitMap, Units};
 use burn::config::Config;
 use burn::module::Module;
 use burn::nn::attention::generate_autoregressive_mask;
@@ -117,18 +117,25 @@ impl CharLm {
     }
 }
 
+impl CharLm {
+    /// The embeddings, each transformer block, then the final norm with the head.
+    fn unit_map(&self) -> UnitMap {
+        UnitMap::new()
+            .unit(&["tok", "pos"])
+            .each("blocks.layers", self.blocks.layers.len())
+            .unit(&["norm", "head"])
+    }
+}
+
 /// Units: the embeddings, each transformer block, then the final norm with the head.
 impl Units for CharLm {
     fn num_units(&self) -> usize {
-        self.blocks.layers.len() + 2
+        self.unit_map().num_units()
     }
     fn unit_of(&self, path: &str) -> usize {
-        let mut parts = path.split('.');
-        match (parts.next(), parts.next(), parts.next()) {
-            (Some("tok" | "pos"), ..) => 0,
-            (Some("blocks"), Some("layers"), Some(i)) => 1 + i.parse::<usize>().unwrap_or(0),
-            _ => self.blocks.layers.len() + 1,
-        }
+        // Every parameter is under a declared field; anything else joins the head's unit.
+        let map = self.unit_map();
+        map.unit_of(path).unwrap_or(map.num_units() - 1)
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         let n = self.blocks.layers.len();

@@ -1,7 +1,7 @@
 //! `mlp`: synthetic classification. Inputs are seeded Gaussian-ish vectors; labels come from a
 //! fixed random teacher (argmax of a linear map), so the task is learnable and deterministic.
 
-use crate::units::{Act, Units};
+use crate::units::{Act, UnitMap, Units};
 use burn::module::Module;
 use burn::nn::loss::CrossEntropyLossConfig;
 use burn::nn::{Linear, LinearConfig};
@@ -71,11 +71,8 @@ impl Units for Mlp {
         3
     }
     fn unit_of(&self, path: &str) -> usize {
-        match path.split('.').next() {
-            Some("l1") => 0,
-            Some("l2") => 1,
-            _ => 2,
-        }
+        let map = UnitMap::new().unit(&["l1"]).unit(&["l2"]).unit(&["l3"]);
+        map.unit_of(path).unwrap_or(2)
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         use burn::tensor::activation::relu;
