@@ -3,8 +3,9 @@
 //! mask (`Act::Tuple`). On 2 ranks of one node (real threads and shared buffers), under ZeRO-3
 //! (every unit gathered, the backward through the surrogate loss) and under ZeRO-2 with overlap
 //! (the same unit-by-unit backward): the per-step global losses and the final parameters
-//! equal a plain Burn loop on the global batch with the same SGD, within 1e-5. Before, `Act`
-//! had no rank-4 or tuple form: neither model could be cut into units.
+//! equal a plain Burn loop on the global batch with the same SGD, within 1e-5 (the parameters
+//! from `Trainer::into_full_model`, whose ZeRO-3 model is gathered whole). Before, `Act` had
+//! no rank-4 or tuple form: neither model could be cut into units.
 
 use burn::module::Module;
 use burn::nn::conv::{Conv2d, Conv2dConfig};
@@ -200,9 +201,9 @@ fn distributed<M: Units + 'static>(
             };
             losses.push(t.step_units(x, loss).map_err(|e| e.to_string())?.loss);
         }
-        // Under ZeRO-3 the model holds placeholders at rest: the masters, gathered.
-        let params = t.gather_params().map_err(|e| e.to_string())?;
-        Ok::<_, String>((losses, params))
+        // Under ZeRO-3 the model holds placeholders at rest: the full one, gathered.
+        let model = t.into_full_model().map_err(|e| e.to_string())?;
+        Ok::<_, String>((losses, flat(&model)))
     })
     .expect("trains");
     out.swap_remove(0)

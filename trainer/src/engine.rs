@@ -185,7 +185,8 @@ impl<M: Module> Trainer<M> {
         self.model.as_ref().expect("model present between steps")
     }
 
-    /// The model, its non-trained state (BatchNorm's running statistics) current.
+    /// The model, its non-trained state (BatchNorm's running statistics) current; under ZeRO-3
+    /// and HSDP with the placeholders held at rest ([`Trainer::into_full_model`] gathers).
     pub fn into_model(mut self) -> M {
         let model = self.model.take().expect("model present between steps");
         // Folds a RunningState's pending update into its value (shared with `model`).

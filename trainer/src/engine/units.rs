@@ -144,6 +144,26 @@ fn set_unit<M: Module>(
     })
 }
 
+impl<M: Module> Trainer<M> {
+    /// The model with every parameter in full, on every rank: what to evaluate, export or
+    /// hand to Burn after training. Under ZeRO-3 and HSDP the model held at rest has
+    /// one-element placeholders (what [`Trainer::into_model`] returns there); this gathers the
+    /// f32 masters (a collective: every rank calls it) and writes them in. Otherwise the same
+    /// as `into_model`.
+    pub fn into_full_model(mut self) -> Result<M, TrainError> {
+        if !self.cfg.strategy.shards_params() {
+            return Ok(self.into_model());
+        }
+        let params = self.gather_params()?;
+        let model = self.model.take().expect("model present between steps");
+        let all = 0..self.layout.total();
+        let model = set_unit(model, &self.layout, &all, Some((&params, &self.device)));
+        // Folds a RunningState's pending update into its value, as `into_model` does.
+        drop(model.valid());
+        Ok(model)
+    }
+}
+
 /// `shape` as the dimensions of a rank-`D` tensor (the layout recorded it from one).
 fn dims<const D: usize>(shape: &[usize]) -> [usize; D] {
     let mut d = [1; D];
