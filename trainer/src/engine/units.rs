@@ -22,7 +22,7 @@
 use super::{Overlap, TrainError, Trainer, TrainerConfig};
 use crate::clock::{Phase, StepClock};
 use crate::error::ConfigError;
-use crate::flat::{FlatEntry, FlatLayout};
+use crate::flat::{FlatEntry, FlatLayout, buffers};
 use crate::strategy::{Grad, Reach};
 use crate::units::{Act, Units};
 use burn::module::{Module, ModuleMapper, Param};
@@ -428,7 +428,14 @@ impl<M: Units> Trainer<M> {
                         model = self.load_unit(model, p, &mut gathers, u, ahead)?;
                         let _r = crate::trace::span(format!("recompute unit {u}"), "compute");
                         let leaf = input.fresh_leaf();
+                        // The recompute must not advance module state (BatchNorm's running
+                        // statistics) a second time: it is put back as the forward left it.
+                        let state = self.has_buffers.then(|| buffers::read(&model)).flatten();
                         let y = model.forward_unit(u, leaf.clone());
+                        if let Some(state) = state {
+                            drop(model.valid());
+                            model = buffers::write(model, state);
+                        }
                         (leaf, y)
                     }
                 };
