@@ -17,6 +17,7 @@ use crate::optim::StepOpts;
 use crate::transfer;
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
+use std::collections::VecDeque;
 use std::ops::Range;
 use wiretrain_comm::{ProcessGroup, WireDtype, Work};
 
@@ -39,6 +40,25 @@ impl Replicated {
     }
 }
 
+/// Uploads the reductions at the front of `works` that are already back, in order, without
+/// waiting for any.
+fn upload_ready(
+    works: &mut VecDeque<(Range<usize>, Work<Vec<f32>>)>,
+    parts: &mut Vec<Tensor<1>>,
+    device: &burn::tensor::Device,
+) -> Result<(), TrainError> {
+    while let Some((b, w)) = works.pop_front() {
+        match w.try_wait() {
+            Ok(done) => parts.push(transfer::upload(done?, device)),
+            Err(w) => {
+                works.push_front((b, w));
+                break;
+            }
+        }
+    }
+    Ok(())
+}
+
 impl GradSync for Replicated {
     fn reach(&self) -> Reach {
         self.reach
@@ -58,16 +78,22 @@ impl GradSync for Replicated {
         if self.resident && alone && cx.layout.total() > 0 {
             return self.reduce_on_device(cx, grads);
         }
-        let mut works: Vec<(Range<usize>, Work<Vec<f32>>)> = Vec::new();
+        let mut works: VecDeque<(Range<usize>, Work<Vec<f32>>)> = VecDeque::new();
+        // Device-resident: the reduced buckets that went up, in bucket order.
+        let mut parts = Vec::new();
         let issue = cx.clock.enter(Phase::Compute, "flatten+issue");
         for b in cx.held.buckets.clone() {
             let flat = cx.read_bucket(self.reach, grads, b.clone());
-            works.push((b.clone(), self.reach.all_reduce(cx.pg, cx.wire, flat)));
+            works.push_back((b.clone(), self.reach.all_reduce(cx.pg, cx.wire, flat)));
+            if self.resident {
+                // A pipeline of buckets: while bucket i+1 is read and bucket i reduced, the
+                // buckets already back go up.
+                upload_ready(&mut works, &mut parts, cx.opt.device())?;
+            }
         }
         drop(issue);
         if self.resident {
-            // Each reduced bucket goes up as soon as it is back, while later ones travel.
-            let mut parts = Vec::with_capacity(works.len());
+            // The rest go up as each is back, while later ones travel.
             for (_, w) in works {
                 let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
                 parts.push(transfer::upload(w.wait()?, cx.opt.device()));
