@@ -134,19 +134,19 @@ pub fn run(args: &BenchArgs) -> Result<()> {
             usage!("{e}");
         }
         let argv: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-        let child = crate::cli::launcher::strip_flag(&argv, "--local");
-        let target = crate::cli::launcher::Target {
+        let child = wiretrain::elastic::launcher::strip_flag(&argv, "--local");
+        let target = wiretrain::elastic::launcher::Target {
             program: None,
             // launch adds the rendezvous flags, this node count among them.
-            args: crate::cli::launcher::strip_flag(&child, "--ranks-per-node"),
+            args: wiretrain::elastic::launcher::strip_flag(&child, "--ranks-per-node"),
             ranks_per_node: args.node.ranks_per_node,
         };
         let grace = Duration::from_secs_f64(args.node.collective_timeout.clamp(1.0, 300.0) + 5.0);
-        return crate::cli::launcher::run_local(
+        return wiretrain::elastic::launcher::run_local(
             nodes,
             &target,
             grace,
-            crate::cli::launcher::Elastic::none(nodes),
+            wiretrain::elastic::launcher::Elastic::none(nodes),
         )
         .context("local launch");
     }

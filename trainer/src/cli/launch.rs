@@ -5,14 +5,14 @@
 //! torchrun/Slurm environment: `srun wiretrain launch -- ./my-train`). Signals are passed on;
 //! the exit code is the failed node's.
 
-use crate::cli::agent::{AgentOptions, run_agent};
-use crate::cli::launcher::{Elastic, LaunchError, Target, exit_code, run_local, run_node};
 use crate::cli::usage;
 use anyhow::Result;
 use clap::Args;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use wiretrain::elastic::agent::{AgentOptions, run_agent};
+use wiretrain::elastic::launcher::{Elastic, LaunchError, Target, exit_code, run_local, run_node};
 
 #[derive(Debug, Clone, Args)]
 pub struct LaunchArgs {

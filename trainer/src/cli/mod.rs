@@ -1,20 +1,12 @@
 //! The `wiretrain` command line: subcommands and the flags they share.
 
-pub mod agent;
 pub mod bench;
 pub mod bench_compute;
 pub mod devices;
-pub mod elastic;
 pub mod export;
-pub mod heal_local;
 pub mod launch;
-pub mod launcher;
 pub mod node;
-mod parent_death;
 pub mod plan;
-pub mod rdzv;
-pub mod rdzv_host;
-pub mod rdzv_watch;
 pub mod report;
 pub mod traces;
 pub mod train;

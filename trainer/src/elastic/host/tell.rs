@@ -1,7 +1,7 @@
 //! The host's messages to agents: one at a time or all at once.
 
 use super::Host;
-use crate::cli::rdzv::{self, ToAgent};
+use crate::elastic::protocol::{self, ToAgent};
 
 impl Host {
     /// Sends `m` to agent `id`; an agent that cannot be told counts as gone.
@@ -21,7 +21,7 @@ impl Host {
             }
             if let Some((_, m)) = msgs.iter().find(|(to, _)| *to == id) {
                 sends.push(Some(Box::pin(async move {
-                    (id, rdzv::send(&mut a.send, m).await)
+                    (id, protocol::send(&mut a.send, m).await)
                 })));
             }
         }

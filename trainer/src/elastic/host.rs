@@ -11,16 +11,17 @@
 //!
 //! When the job ends, every agent is told its exit code and the restarts so far.
 
-use super::elastic::{Restart, describe_restart, unix_ms_at};
-use super::rdzv::{self, Event, Start, ToAgent, ToHost, accept_loop};
-use super::rdzv_watch::{Member, Outcome, Watch, healed, may_heal, regrouped, regrouping, settle};
+use super::protocol::{self, Event, ToAgent, accept_loop};
+use super::restart::{Restart, describe_restart, unix_ms_at};
+use super::watch::Outcome;
+use crate::elastic::policy::{Decision, EpochEnd, Limits, Recovery, decide, gathered};
 use quinn::{Endpoint, SendStream};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout};
-use wiretrain::elastic::policy::{Decision, EpochEnd, Limits, Recovery, decide, gathered};
 
+mod epoch;
 mod tell;
 
 /// How an elastic launch may go on.
@@ -39,7 +40,7 @@ pub struct Policy {
     /// Raised by a signal to the hosting agent: the job stops after its step, everywhere.
     pub stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
     /// The hosting agent's settings: an agent that differs is refused.
-    pub settings: Vec<rdzv::Setting>,
+    pub settings: Vec<protocol::Setting>,
 }
 
 struct Agent {
@@ -72,7 +73,7 @@ pub async fn host(ep: Endpoint, policy: Policy) {
         .map(|mut a| {
             let done = done.clone();
             tokio::spawn(async move {
-                let _ = rdzv::send(&mut a.send, &done).await;
+                let _ = protocol::send(&mut a.send, &done).await;
                 let _ = a.send.finish();
                 // The message leaves before the endpoint goes.
                 let _ = timeout(Duration::from_secs(2), a.send.stopped()).await;
@@ -166,7 +167,7 @@ impl Host {
             while self.alive().len() < self.policy.min {
                 if self.stopped() {
                     return Err((
-                        wiretrain::signal::INTERRUPTED_EXIT,
+                        crate::signal::INTERRUPTED_EXIT,
                         "stopped by a signal on the rendezvous host".into(),
                     ));
                 }
@@ -212,7 +213,7 @@ impl Host {
     }
 
     /// The job, epoch after epoch: `(exit code, message)` for every agent. What follows each
-    /// epoch is the library's elastic policy ([`wiretrain::elastic::policy::decide`]).
+    /// epoch is the library's elastic policy ([`crate::elastic::policy::decide`]).
     async fn run(&mut self) -> (i32, String) {
         let mut members = match self.gather().await {
             Ok(m) => m,
@@ -340,206 +341,5 @@ impl Host {
             describe_restart(&r)
         );
         self.history.push(r);
-    }
-
-    /// Runs epoch `epoch` on `members` (agent ids; node i is `members[i]`) to its end.
-    async fn epoch(&mut self, epoch: usize, members: &[u64]) -> Outcome {
-        let world = members.len();
-        let restarts = serde_json::to_string(&self.history).unwrap_or_else(|_| "[]".into());
-        let job_id = self.policy.job_id.clone();
-        let fresh = std::mem::take(&mut self.fresh);
-        let in_place = std::mem::take(&mut self.in_place);
-        let start = |node: usize, master: Option<String>, fingerprint: Option<String>| {
-            ToAgent::Start(Start {
-                epoch,
-                world,
-                node,
-                master,
-                fingerprint,
-                job_id: job_id.clone(),
-                restarts: restarts.clone(),
-                joined: fresh.clone(),
-                in_place,
-            })
-        };
-        let Some(&node0) = members.first() else {
-            // The callers keep MIN >= 1 members; an empty epoch would be a bug, not a panic.
-            return Outcome::Failed {
-                failures: vec!["no agent is left to run the epoch".into()],
-                code: 1,
-                last: true,
-                detected: Instant::now(),
-            };
-        };
-        let mut state = vec![Member::Idle; world];
-        // Whether each node can go on in place (as its agent reports it).
-        let mut live: Vec<Option<bool>> = vec![None; world];
-        state[0] = Member::Running;
-        let mut watch = Watch::default();
-        // Node 0 first: it binds and reports its address.
-        let first = start(0, None, None);
-        self.tell(node0, &first).await;
-        let ready_by = Instant::now() + Duration::from_secs(60);
-        let mut ready: Option<(String, Option<String>)> = None;
-        loop {
-            if self.stopped() && watch.stopping.is_none() {
-                watch.fail("stopped by a signal on the rendezvous host".into());
-                watch.code = wiretrain::signal::INTERRUPTED_EXIT;
-                watch.last = true;
-            }
-            if ready.is_none() && watch.stopping.is_none() && Instant::now() > ready_by {
-                watch.fail("node 0 did not report its address within 60 s".into());
-            }
-            if let Some(o) = healed(members, &state, &watch) {
-                return o;
-            }
-            if let Some(o) = regrouped(members, &state, &watch) {
-                return o;
-            }
-            if let Some(o) = settle(self.policy.grace, &state, &watch) {
-                return o;
-            }
-            if watch.stopping.is_some()
-                && !watch.told
-                && !may_heal(self.policy.grace, &state, &watch)
-                && !regrouping(self.policy.grace, &watch)
-            {
-                watch.told = true;
-                let reason = watch.reason.clone();
-                let stop = |&(i, &id): &(usize, &u64)| {
-                    matches!(state[i], Member::Running | Member::Healing).then(|| {
-                        let reason = reason.clone();
-                        (id, ToAgent::Stop { epoch, reason })
-                    })
-                };
-                let stops: Vec<_> = members
-                    .iter()
-                    .enumerate()
-                    .filter_map(|x| stop(&x))
-                    .collect();
-                self.tell_all(&stops).await;
-            }
-            let tick = tokio::time::sleep(Duration::from_millis(200));
-            let ev = tokio::select! {
-                ev = self.rx.recv() => ev,
-                () = tick => continue,
-            };
-            let Some(ev) = ev else {
-                return Outcome::Failed {
-                    failures: vec!["the rendezvous stopped accepting".into()],
-                    code: 1,
-                    last: true,
-                    detected: Instant::now(),
-                };
-            };
-            match ev {
-                Event::Msg {
-                    id,
-                    msg:
-                        ToHost::Ready {
-                            epoch: e,
-                            addr,
-                            fingerprint,
-                        },
-                } if e == epoch && id == node0 && ready.is_none() => {
-                    ready = Some((addr.clone(), fingerprint.clone()));
-                    if watch.stopping.is_none() {
-                        let mut starts = Vec::new();
-                        for (i, &m) in members.iter().enumerate().skip(1) {
-                            let s = start(i, Some(addr.clone()), fingerprint.clone());
-                            if matches!(state[i], Member::Idle) {
-                                state[i] = Member::Running;
-                            }
-                            starts.push((m, s));
-                        }
-                        self.tell_all(&starts).await;
-                    }
-                }
-                Event::Msg {
-                    id,
-                    msg: ToHost::Exited { epoch: e, end },
-                } if e == epoch => {
-                    if let Some(i) = members.iter().position(|&m| m == id) {
-                        // Node 0 that ends before it reported its address leaves the others
-                        // without a job; in a stop for growth, an end other than the stop's
-                        // is a failure all the same.
-                        let early = i == 0 && ready.is_none() && watch.stopping.is_none();
-                        let failed = !end.success
-                            && (watch.stopping.is_none()
-                                || (watch.grow && end.code != wiretrain::signal::INTERRUPTED_EXIT));
-                        if early && end.success {
-                            watch.fail("node 0 ended before it reported its address".into());
-                        }
-                        // A node killed by a signal is lost; any other failure before the
-                        // stop (a node that could not heal, or an error of its own) is not
-                        // healed.
-                        let killed =
-                            end.code > 128 && end.code != wiretrain::signal::INTERRUPTED_EXIT;
-                        watch.not_a_loss |= !end.success && !killed && !watch.told;
-                        if failed {
-                            let name = &self.agents[&id].name;
-                            watch.fail(format!("node {i} ({name}) exited with {}", end.status));
-                            if watch.code == 0 {
-                                watch.code = end.code;
-                            }
-                            // A usage error fails again; a signal's stop is the user's.
-                            watch.last |=
-                                end.code == 2 || end.code == wiretrain::signal::INTERRUPTED_EXIT;
-                        }
-                        state[i] = Member::Ended;
-                    }
-                }
-                Event::Gone { id, why } => {
-                    if let Some(i) = members.iter().position(|&m| m == id) {
-                        let name = self.agents[&id].name.clone();
-                        if watch.stopping.is_none() || watch.grow {
-                            watch.fail(format!("node {i}'s agent {name} is gone ({why})"));
-                        }
-                        state[i] = Member::Gone;
-                    }
-                    self.absorb(Event::Gone { id, why });
-                }
-                ev @ Event::Joined { .. } => {
-                    self.absorb(ev);
-                    if world < self.policy.max && watch.stopping.is_none() {
-                        watch.stopping = Some(Instant::now());
-                        watch.grow = true;
-                        watch.reason =
-                            "an agent joined: the world grows at this restart point".into();
-                        // Every node can go on in place: they regroup after their step, and
-                        // the newcomers receive the state from them.
-                        if live.iter().all(|l| *l == Some(true))
-                            && state.iter().all(|s| matches!(s, Member::Running))
-                        {
-                            watch.regroup = true;
-                            let all: Vec<_> = members
-                                .iter()
-                                .map(|&id| (id, ToAgent::Regroup { epoch }))
-                                .collect();
-                            self.tell_all(&all).await;
-                        }
-                    }
-                }
-                Event::Msg {
-                    id,
-                    msg: ToHost::Capable { epoch: e, live: l },
-                } if e == epoch => {
-                    if let Some(i) = members.iter().position(|&m| m == id) {
-                        live[i] = Some(l);
-                    }
-                }
-                Event::Msg {
-                    id,
-                    msg: ToHost::Lost { epoch: e, .. },
-                } if e == epoch => {
-                    if let Some(i) = members.iter().position(|&m| m == id)
-                        && matches!(state[i], Member::Running)
-                    {
-                        state[i] = Member::Healing;
-                    }
-                }
-                Event::Msg { .. } => {}
-            }
-        }
     }
 }

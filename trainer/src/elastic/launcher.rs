@@ -3,7 +3,7 @@
 //! real processes) on one machine; [`run_node`] starts this machine's one node process of a
 //! job spread over machines. The program is this binary's subcommand (`train`, `bench`) or any
 //! other program, which finds its job in the `WIRETRAIN_*` variables that
-//! [`wiretrain::job::JobOptions::from_env`] (and so [`wiretrain::run`]) reads.
+//! [`crate::job::JobOptions::from_env`] (and so [`crate::run`]) reads.
 //!
 //! Node 0 binds an ephemeral port on 127.0.0.1 and writes it to a file; the launcher then
 //! starts nodes 1.. with the master pointing at it and binding 127.0.0.(i+1):0. All nodes get
@@ -12,19 +12,19 @@
 //! (macOS configures only 127.0.0.1 on its loopback interface, so there every node binds
 //! 127.0.0.1 and they differ by port.)
 
+use crate::elastic::policy::{Decision, EpochEnd, Limits, decide};
+use crate::job::env;
 use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus};
 use std::sync::Mutex;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use wiretrain::elastic::policy::{Decision, EpochEnd, Limits, decide};
-use wiretrain::job::env;
 use wiretrain_comm::tls::Token;
 
-pub use super::elastic::Elastic;
-use super::elastic::{Restart, describe_restart, killed, strip_switch, unix_ms_at};
-use super::heal_local::{Healing, Slot, wait_healing};
+pub use super::restart::Elastic;
+use super::restart::{Restart, describe_restart, killed, strip_switch, unix_ms_at};
+use super::supervisor::{Healing, Slot, wait_healing};
 
 mod ended;
 pub(super) use ended::Ended;
@@ -229,10 +229,10 @@ pub fn run_node(
     static PID: Mutex<Option<u32>> = Mutex::new(None);
     let forward = || {
         if let Some(pid) = *PID.lock().unwrap_or_else(|p| p.into_inner()) {
-            wiretrain::signal::terminate(pid);
+            crate::signal::terminate(pid);
         }
     };
-    let _stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
+    let _stop = crate::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
     let exe = std::env::current_exe()?;
     let mut c = match &job {
         Some((nnodes, node, master)) => target.command(&exe, *nnodes, *node, master, Place::Given),
@@ -286,10 +286,10 @@ pub fn run_local(
 ) -> Result<(), LaunchError> {
     let forward = || {
         for &pid in PIDS.lock().unwrap_or_else(|p| p.into_inner()).iter() {
-            wiretrain::signal::terminate(pid);
+            crate::signal::terminate(pid);
         }
     };
-    let stop = wiretrain::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
+    let stop = crate::signal::install(Some(Box::new(forward))).map_err(LaunchError::Signal)?;
     let mut history: Vec<Restart> = Vec::new();
     let mut world = nodes;
     // Where the nodes of an elastic launch ask for their place after losing a peer (heals
@@ -303,7 +303,7 @@ pub fn run_local(
         let target = target.for_epoch(epoch, elastic.resume_flag);
         let restarts = serde_json::to_string(&history).unwrap_or_else(|_| "[]".into());
         let mut launch = LocalLaunch::new(world, &target, epoch, restarts)?;
-        let wait = wiretrain::heal::answer_wait(grace);
+        let wait = crate::heal::answer_wait(grace);
         launch.heal_dir = heal_dir.clone().map(|d| (d, wait));
         let outcome = launch.run(grace, elastic, &mut history);
         PIDS.lock().unwrap_or_else(|p| p.into_inner()).clear();

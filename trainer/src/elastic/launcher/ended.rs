@@ -69,7 +69,7 @@ pub(crate) fn verdict(status: &[Option<ExitStatus>]) -> Result<(), LaunchError> 
         .find(|s| !s.success())
         .map_or(1, |s| exit_code(*s));
     let all_interrupted = status.iter().all(|s| {
-        s.is_some_and(|s| s.success() || s.code() == Some(wiretrain::signal::INTERRUPTED_EXIT))
+        s.is_some_and(|s| s.success() || s.code() == Some(crate::signal::INTERRUPTED_EXIT))
     });
     if failures.is_empty() {
         Ok(())

@@ -3,7 +3,7 @@
 //! restart after failures, a growth, or a heal from live replicas), decided by [`settle`],
 //! [`may_heal`] and [`healed`].
 
-use super::rdzv;
+use super::protocol;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -119,7 +119,7 @@ pub(super) fn settle(grace: Duration, state: &[Member], w: &Watch) -> Option<Out
         .any(|s| matches!(s, Member::Running | Member::Healing));
     let overdue = w
         .stopping
-        .is_some_and(|t| t.elapsed() > grace + rdzv::LINK_IDLE * 2 + Duration::from_secs(5));
+        .is_some_and(|t| t.elapsed() > grace + protocol::LINK_IDLE * 2 + Duration::from_secs(5));
     if running && !overdue {
         return None;
     }

@@ -1,19 +1,19 @@
 //! A local elastic launch that heals: when a node process is lost (ended by a signal) and
 //! the survivors hold replicas of the whole state (DDP, hybrid), they keep running, report in
-//! the heal directory that they lost their job ([`wiretrain::heal::Ready`]), and the launcher
-//! answers each with its place in the next epoch ([`wiretrain::heal::Answer`]): node 0 first,
+//! the heal directory that they lost their job ([`crate::heal::Ready`]), and the launcher
+//! answers each with its place in the next epoch ([`crate::heal::Answer`]): node 0 first,
 //! then the others pinned to its address and certificate. No process restarts and no
 //! checkpoint is read. When a survivor exits instead (a strategy that does not heal, or
 //! another failure), the ones waiting are told to stop and the launch restarts from the
 //! newest checkpoint as before.
 
-use super::elastic::{Elastic, Restart, describe_restart, killed, unix_ms_at};
 use super::launcher::{Ended, LaunchError};
+use super::restart::{Elastic, Restart, describe_restart, killed, unix_ms_at};
+use crate::heal::{Answer, Assignment, Ready, answer_file, forget, ready_file, write_json};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
-use wiretrain::heal::{Answer, Assignment, Ready, answer_file, forget, ready_file, write_json};
 
 /// A node process of the launch: its child, the loopback address it binds, its exit.
 pub(super) struct Slot {
@@ -231,15 +231,14 @@ fn heal(
     res
 }
 
-/// The heal's record and the survivors' answers (node 0's first).
-fn assign(
-    slots: &mut [Slot],
+/// Records the heal (one restart of the launch, "live") and returns its epoch.
+fn record_heal(
+    slots: &[Slot],
     ready: &HashMap<u32, Ready>,
     detected: Instant,
     h: &mut Healing<'_>,
-) -> Result<(), LaunchError> {
-    let world_before = slots.len();
-    let left: Vec<usize> = (0..world_before)
+) -> usize {
+    let left: Vec<usize> = (0..slots.len())
         .filter(|&i| slots[i].status.is_some())
         .collect();
     let step = ready.values().map(|r| r.step).max().unwrap_or(0);
@@ -251,13 +250,12 @@ fn assign(
             .collect::<Vec<_>>()
             .join("; ")
     };
-    let mut survivors: Vec<&mut Slot> = slots.iter_mut().filter(|s| s.status.is_none()).collect();
     let epoch = h.history.len() + 1;
     let r = Restart {
         epoch,
+        world: slots.len() - left.len(),
         left,
         joined: Vec::new(),
-        world: survivors.len(),
         reason,
         recovery: "live",
         detected_unix_ms: unix_ms_at(detected),
@@ -271,6 +269,18 @@ fn assign(
     );
     h.history.push(r);
     h.epoch = epoch;
+    epoch
+}
+
+/// The heal's record and the survivors' answers (node 0's first).
+fn assign(
+    slots: &mut [Slot],
+    ready: &HashMap<u32, Ready>,
+    detected: Instant,
+    h: &mut Healing<'_>,
+) -> Result<(), LaunchError> {
+    let epoch = record_heal(slots, ready, detected, h);
+    let mut survivors: Vec<&mut Slot> = slots.iter_mut().filter(|s| s.status.is_none()).collect();
     let restarts = serde_json::to_value(&*h.history).unwrap_or_default();
     let nnodes = survivors.len();
     let addr_file = h.dir.join(format!("master-{epoch}.addr"));
@@ -296,10 +306,29 @@ fn assign(
         &answer(0, format!("{}:0", first.ip), None, None),
     )
     .map_err(io)?;
+    let master = await_address(first, &addr_file, epoch)?;
+    let sha = std::fs::read_to_string(&fp_file)
+        .map(|f| f.trim().to_string())
+        .ok();
+    for (node, s) in survivors.iter().enumerate().skip(1) {
+        let a = answer(
+            node,
+            master.clone(),
+            Some(format!("{}:0", s.ip)),
+            sha.clone(),
+        );
+        write_json(&answer_file(h.dir, s.child.id()), &a).map_err(io)?;
+    }
+    Ok(())
+}
+
+/// Waits for the new node 0 to write its address (30 s at most); a node 0 that exits first
+/// fails the heal.
+fn await_address(first: &mut Slot, addr_file: &Path, epoch: usize) -> Result<String, LaunchError> {
     let t0 = Instant::now();
-    let master = loop {
-        if let Ok(a) = std::fs::read_to_string(&addr_file) {
-            break a.trim().to_string();
+    loop {
+        if let Ok(a) = std::fs::read_to_string(addr_file) {
+            return Ok(a.trim().to_string());
         }
         if let Some(st) = first.child.try_wait()? {
             first.status = Some(st);
@@ -314,18 +343,5 @@ fn assign(
             return Err(LaunchError::NoAddress(Duration::from_secs(30)));
         }
         std::thread::sleep(Duration::from_millis(5));
-    };
-    let sha = std::fs::read_to_string(&fp_file)
-        .map(|f| f.trim().to_string())
-        .ok();
-    for (node, s) in survivors.iter().enumerate().skip(1) {
-        let a = answer(
-            node,
-            master.clone(),
-            Some(format!("{}:0", s.ip)),
-            sha.clone(),
-        );
-        write_json(&answer_file(h.dir, s.child.id()), &a).map_err(io)?;
     }
-    Ok(())
 }
