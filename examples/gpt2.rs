@@ -239,7 +239,7 @@ fn shape(args: &[String]) -> Result<Shape, String> {
             s.vocab
         ));
     }
-    if s.heads == 0 || s.d_model % s.heads != 0 {
+    if s.heads == 0 || !s.d_model.is_multiple_of(s.heads) {
         return Err(format!(
             "--d-model {} is not a multiple of --heads {}",
             s.d_model, s.heads
@@ -386,7 +386,10 @@ fn reference(
         let value = loss.clone().into_data().try_to_vec::<f32>()?[0];
         let grads = GradientsParams::from_grads(loss.backward(), &model);
         model = optim.step(lr, model, grads);
-        lines.push_str(&format!("{{\"step\":{step},\"loss\":{}}}\n", f64::from(value)));
+        lines.push_str(&format!(
+            "{{\"step\":{step},\"loss\":{}}}\n",
+            f64::from(value)
+        ));
         println!("step {step:3}  loss {value:.5}");
     }
     if let Some(p) = metrics {
