@@ -251,12 +251,35 @@ fn shape(args: &[String]) -> Result<Shape, String> {
     Ok(s)
 }
 
+/// Exit 2: bad flags; exit 1: the run failed (a rank's error, e.g. a strategy refused under
+/// the process's memory cap).
 fn main() {
-    if let Err(e) = real_main() {
-        eprintln!("gpt2: error: {e}");
-        std::process::exit(2);
+    match real_main() {
+        Ok(()) => {}
+        Err(e) => match e.downcast::<FailedRun>() {
+            Ok(run) => {
+                eprintln!("gpt2: error: {}", run.0);
+                std::process::exit(1);
+            }
+            Err(e) => {
+                eprintln!("gpt2: error: {e}");
+                std::process::exit(2);
+            }
+        },
     }
 }
+
+/// A run that started and failed.
+#[derive(Debug)]
+struct FailedRun(String);
+
+impl std::fmt::Display for FailedRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for FailedRun {}
 
 fn real_main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -357,6 +380,12 @@ fn train(
             }
         })?;
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(done.final_loss)
+    })
+    .map_err(|e| match e {
+        wiretrain::RunError::Rank { .. } => {
+            Box::new(FailedRun(e.to_string())) as Box<dyn std::error::Error>
+        }
+        other => other.into(),
     })?;
     if let Some(Some(l)) = finals.first() {
         println!("final loss {l:.5}");

@@ -24,7 +24,9 @@ use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, WireDtype};
 pub use crate::error::{ConfigError, ModelMismatch, OtherRank, TrainError};
 pub use crate::strategy::diloco::Diloco;
 
+mod agreement;
 mod buffers;
+use agreement::check_agreement;
 mod ckpt;
 mod config;
 mod heal;
@@ -111,6 +113,7 @@ impl<M: Module> Trainer<M> {
         let unit_overlap = unit_ranges.is_some() && !cfg.strategy.shards_params();
         let has_buffers = crate::flat::buffers::count(&model) > 0;
         check_agreement(&mut pg, &layout)?;
+        crate::memcap::check_group(cfg.strategy, layout.total(), &pg)?;
         let params = layout.flatten_params(&model);
         let params = pg.broadcast(params, 0).wait()?;
         let buckets = unit_ranges
@@ -565,35 +568,4 @@ fn memory_model(
         },
         optim_bytes,
     }
-}
-
-/// Compares rank 0's parameter list (paths and shapes) with every rank's; a mismatch names
-/// the first differing parameter.
-fn check_agreement(pg: &mut ProcessGroup, layout: &FlatLayout) -> Result<(), TrainError> {
-    let sig = layout.signature();
-    let n = sig.len();
-    let counts = pg.all_gather_bytes(&(n as u64).to_le_bytes())?;
-    let count = |b: &[u8]| b.try_into().map(u64::from_le_bytes).unwrap_or(u64::MAX) as usize;
-    if let Some((r, c)) = counts.iter().enumerate().find(|(_, c)| count(c) != n) {
-        return Err(ModelMismatch::Count {
-            rank: pg.rank(),
-            count: n,
-            other: r,
-            other_count: count(c),
-        }
-        .into());
-    }
-    let mine: Vec<u8> = sig.iter().flat_map(|h| h.to_le_bytes()).collect();
-    let root = pg.broadcast_bytes(&mine, 0)?;
-    if let Some(i) = (0..n).find(|&i| root.get(4 * i..4 * i + 4) != mine.get(4 * i..4 * i + 4)) {
-        let e = &layout.entries()[i];
-        return Err(ModelMismatch::Parameter {
-            index: i,
-            rank: pg.rank(),
-            path: e.path.clone(),
-            shape: e.shape.clone(),
-        }
-        .into());
-    }
-    Ok(())
 }

@@ -61,6 +61,19 @@ pub enum ConfigError {
     Prefetch(usize),
     #[error("accumulation needs at least one micro-batch")]
     NoMicroBatch,
+    /// The model state of the ranks this process holds (the planner's figure) is above the
+    /// process's memory cap (its cgroup's limit).
+    #[error(
+        "{strategy} needs about {need} of model state in this process ({local} rank(s), the \
+         planner's figure), above its memory cap of {cap} (cgroup memory limit): {instead}"
+    )]
+    MemoryCap {
+        strategy: Strategy,
+        need: String,
+        local: usize,
+        cap: String,
+        instead: String,
+    },
     #[error(
         "{strategy} runs one micro-batch per step, not {micro} (accumulation with sharded \
          parameters is not built yet); use zero2 or hybrid to accumulate"

@@ -51,6 +51,7 @@ pub mod heal;
 pub mod heap;
 pub mod job;
 pub mod learner;
+pub mod memcap;
 pub mod models;
 pub mod optim;
 pub mod plan;
