@@ -133,24 +133,16 @@ impl Gpt {
         let (x, y) = data.batch(idx, device);
         next_token_loss(self.forward(x), y)
     }
+}
 
-    /// The embeddings, each block, then the final norm with the head.
+/// The model as units, for ZeRO-3, HSDP and overlap: the embeddings, each block, then the
+/// final norm with the head.
+impl Units for Gpt {
     fn unit_map(&self) -> UnitMap {
         UnitMap::new()
             .unit(&["tok", "pos"])
             .each("blocks", self.blocks.len())
             .unit(&["ln_f", "head"])
-    }
-}
-
-/// The model as units, for ZeRO-3, HSDP and overlap.
-impl Units for Gpt {
-    fn num_units(&self) -> usize {
-        self.unit_map().num_units()
-    }
-    fn unit_of(&self, path: &str) -> usize {
-        let map = self.unit_map();
-        map.unit_of(path).unwrap_or(map.num_units() - 1)
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         let n = self.blocks.len();

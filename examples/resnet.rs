@@ -168,23 +168,13 @@ impl InferenceStep for ResNet {
     }
 }
 
-impl ResNet {
+/// ZeRO-3 and HSDP run the stem, each block and the head one at a time.
+impl Units for ResNet {
     fn unit_map(&self) -> UnitMap {
         UnitMap::new()
             .unit(&["stem"])
             .each("blocks", self.blocks.len())
             .unit(&["head"])
-    }
-}
-
-/// ZeRO-3 and HSDP run the stem, each block and the head one at a time.
-impl Units for ResNet {
-    fn num_units(&self) -> usize {
-        self.unit_map().num_units()
-    }
-    fn unit_of(&self, path: &str) -> usize {
-        let map = self.unit_map();
-        map.unit_of(path).unwrap_or(map.num_units() - 1)
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         let Act::F4(x) = x else {

@@ -333,15 +333,59 @@ fn the_documented_agent_commands_work_verbatim() {
 /// [`three`] agents of a job that runs until stopped, in a fresh directory `name`, once it has
 /// run 20 steps.
 fn three_training(name: &str) -> (std::path::PathBuf, [Child; 3]) {
+    three_training_steps(name, "100000000")
+}
+
+/// [`three_training`] for `steps` steps.
+fn three_training_steps(name: &str, steps: &str) -> (std::path::PathBuf, [Child; 3]) {
     let d = dir(name);
     let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
     let master = format!("127.0.0.1:{}", free_port());
     let extra = ["--checkpoint-dir", s(&ck), "--metrics", s(&m)];
-    let mut agents = three(&master, "100000000", &extra);
+    let mut agents = three(&master, steps, &extra);
     common::wait_until(&mut agents[0], Duration::from_secs(120), "20 steps", || {
         common::line_count(&m) >= 20
     });
     (d, agents)
+}
+
+/// A stalled agent (SIGSTOP: alive, silent, its node still running) is handled as a lost
+/// machine (issue 42, item 7): the host's link to it goes idle, the others restart without
+/// it from the newest checkpoint, within the idle timeout and the restart bound, and finish
+/// the job; the stalled agent, resumed after the job moved on, finds its link gone and exits
+/// non-zero naming it.
+#[test]
+fn a_stalled_agent_is_left_behind_and_the_others_finish() {
+    let (d, [mut a, mut b, mut c]) = three_training_steps("agents-stall", "3000");
+    common::signal(c.id(), "-STOP");
+    for (x, name) in [(&mut a, "A"), (&mut b, "B")] {
+        let st = common::wait_exit_or(x, Duration::from_secs(240), "the job hangs on a stall");
+        let err = common::stderr_of(x);
+        assert!(st.success(), "agent {name}: {st}: {err}");
+        if name == "A" {
+            assert!(
+                err.contains("epoch 1 on 2 node(s) without [2]") && err.contains("is gone"),
+                "{err}"
+            );
+        }
+    }
+    let summary = common::jsonl(&d.join("m.jsonl"))
+        .into_iter()
+        .last()
+        .unwrap();
+    let r1 = &summary["elastic"]["restarts"][0];
+    assert_eq!(r1["left"], serde_json::json!([2]), "{summary}");
+    let took = r1["restarted_unix_ms"].as_u64().unwrap() - r1["detected_unix_ms"].as_u64().unwrap();
+    assert!(took <= 30_000, "{took} ms from detection to the restart");
+    common::signal(c.id(), "-CONT");
+    let st = common::wait_exit_or(&mut c, Duration::from_secs(60), "the stalled agent lingers");
+    let err = common::stderr_of(&mut c);
+    assert!(!st.success(), "the stalled agent: {err}");
+    assert!(
+        err.contains("elastic rendezvous"),
+        "the stalled agent: {err}"
+    );
+    let _ = std::fs::remove_dir_all(&d);
 }
 
 /// Ctrl-C (SIGINT) to one agent stops the job on every agent: its node stops after its step,

@@ -32,6 +32,7 @@ mod config;
 mod heal;
 mod recover;
 mod report;
+mod start;
 mod units;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
@@ -114,8 +115,13 @@ impl<M: Module> Trainer<M> {
         let has_buffers = crate::flat::buffers::count(&model) > 0;
         check_agreement(&mut pg, &layout)?;
         crate::memcap::check_group(cfg.strategy, layout.total(), &pg)?;
-        let params = layout.flatten_params(&model);
-        let params = pg.broadcast(params, 0).wait()?;
+        // ZeRO-3 and HSDP take rank 0's parameters unit by unit (`start`); the others whole.
+        let by_unit = cfg.strategy.shards_params() && unit_ranges.is_some();
+        let params = if by_unit {
+            Vec::new()
+        } else {
+            pg.broadcast(layout.flatten_params(&model), 0).wait()?
+        };
         let buckets = unit_ranges
             .clone()
             .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
@@ -131,9 +137,7 @@ impl<M: Module> Trainer<M> {
         };
         let (model, params) = match &unit_ranges {
             // At rest a ZeRO-3 rank holds its shard of every unit and a module of placeholders.
-            Some(u) if cfg.strategy.shards_params() => {
-                (units::free_all(model, &layout, u), held.owned_of(&params))
-            }
+            Some(u) if by_unit => start::shard_units(model, &layout, u, &held.owned, &mut pg)?,
             _ => (layout.unflatten(model, &params), params),
         };
         held.params = params;
@@ -258,7 +262,11 @@ impl<M: Module> Trainer<M> {
     /// (device-resident DDP; the host vector is then stale), or the host vector uploaded.
     fn model_after_update(&mut self, model: M) -> M {
         if !self.sync.resident() {
-            return self.layout.unflatten(model, &self.held.params);
+            // ZeRO-1/2 and hybrid uploaded each gathered bucket as it came back.
+            return match self.held.dev.take() {
+                Some(p) => self.layout.unflatten_device(model, p),
+                None => self.layout.unflatten(model, &self.held.params),
+            };
         }
         self.held.host_stale = true;
         match self.held.dev.take() {

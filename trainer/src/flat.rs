@@ -149,6 +149,43 @@ impl FlatLayout {
         out
     }
 
+    /// The flat copy of elements `range` of the module's parameters (whole parameters: a
+    /// unit), with one device read.
+    pub fn flatten_range<M: Module>(&self, module: &M, range: Range<usize>) -> Vec<f32> {
+        struct Pick<'a> {
+            entries: &'a [FlatEntry],
+            index: usize,
+            range: Range<usize>,
+            parts: Vec<Tensor<1>>,
+        }
+        impl ModuleVisitor for Pick<'_> {
+            fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<D>>) {
+                if is_buffer(param) {
+                    return;
+                }
+                let e = &self.entries[self.index];
+                self.index += 1;
+                if e.len > 0 && e.offset >= self.range.start && e.offset + e.len <= self.range.end {
+                    self.parts.push(param.val().inner().reshape([e.len]));
+                }
+            }
+        }
+        let mut pick = Pick {
+            entries: &self.entries,
+            index: 0,
+            range: range.clone(),
+            parts: Vec::new(),
+        };
+        module.visit(&mut pick);
+        if pick.parts.is_empty() {
+            return Vec::new();
+        }
+        let out = transfer::read_f32(Tensor::cat(pick.parts, 0))
+            .expect("float parameters read back as f32");
+        assert_eq!(out.len(), range.len(), "a unit's range cuts a parameter");
+        out
+    }
+
     /// The module's parameter values as one flat tensor on their device, without autodiff (a
     /// device copy; nothing crosses to the host). `None` when the module has no element.
     pub fn params_device<M: Module>(&self, module: &M) -> Option<Tensor<1>> {

@@ -134,11 +134,27 @@ impl Act {
 
 /// A model cut into units, run one after the other. Parameters of one unit must be contiguous
 /// in module (field) order, and units numbered in that order; the trainer checks this.
+///
+/// A model of the common shape implements [`Units::unit_map`] (and [`Units::forward_unit`]):
+/// the numbering follows from it. A model numbered another way implements
+/// [`Units::num_units`] and [`Units::unit_of`] instead.
 pub trait Units: Module {
-    /// Number of units.
-    fn num_units(&self) -> usize;
-    /// The unit owning the parameter at field path `path` (e.g. `"blocks.layers.0.mha.query.weight"`).
-    fn unit_of(&self, path: &str) -> usize;
+    /// The numbering of the common shape ([`UnitMap`]); empty unless implemented.
+    fn unit_map(&self) -> UnitMap {
+        UnitMap::new()
+    }
+    /// Number of units (by default, [`Units::unit_map`]'s).
+    fn num_units(&self) -> usize {
+        self.unit_map().num_units()
+    }
+    /// The unit owning the parameter at field path `path` (e.g.
+    /// `"blocks.layers.0.mha.query.weight"`). By default [`Units::unit_map`]'s, where a
+    /// parameter under no declared field joins the last unit.
+    fn unit_of(&self, path: &str) -> usize {
+        let map = self.unit_map();
+        map.unit_of(path)
+            .unwrap_or_else(|| map.num_units().saturating_sub(1))
+    }
     /// Runs unit `unit` on its input: the batch input for unit 0, the previous unit's output
     /// after that. The last unit's output goes to the step's loss function.
     fn forward_unit(&self, unit: usize, x: Act) -> Act;

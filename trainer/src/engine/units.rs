@@ -172,11 +172,9 @@ fn dims<const D: usize>(shape: &[usize]) -> [usize; D] {
 }
 
 /// Frees every unit (the module at rest under ZeRO-3).
-pub(super) fn free_all<M: Module>(mut model: M, layout: &FlatLayout, units: &[Range<usize>]) -> M {
-    for u in units {
-        model = set_unit(model, layout, u, None);
-    }
-    model
+/// `model` with unit `unit`'s parameters replaced by placeholders (its memory freed).
+pub(super) fn free_unit<M: Module>(model: M, layout: &FlatLayout, unit: &Range<usize>) -> M {
+    set_unit(model, layout, unit, None)
 }
 
 /// Waits for `w` as `phase` (a unit gather or a gradient reduction).

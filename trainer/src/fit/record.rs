@@ -231,28 +231,11 @@ impl Record {
                 .map_err(|e| io("writing --metrics".into(), e))?;
         }
         if self.leader {
-            eprintln!(
-                "wiretrain: {steps_done} steps, loss {:.4} -> {:.4}, {samples_per_s:.1} samples/s",
-                first_loss.unwrap_or(0.0),
-                final_loss.unwrap_or(0.0),
-            );
+            self.close(&mut trainer, run, (start, steps_done, samples_per_s))?;
             if let (Some(p), Some(full)) = (&run.save_params, &full_params) {
                 let bytes: Vec<u8> = full.iter().flat_map(|x| x.to_le_bytes()).collect();
                 std::fs::write(p, bytes)
                     .map_err(|e| io(format!("--save-params {}", p.display()), e))?;
-            }
-            #[cfg(feature = "plot")]
-            if let Some(p) = &run.plot {
-                let title = format!(
-                    "{} {} world {}, global batch {}",
-                    run.title,
-                    strategy_name(trainer.config()),
-                    trainer.process_group().world(),
-                    run.global_batch
-                );
-                crate::plot::plot_run(p, &title, &self.points)
-                    .map_err(|e| FitError::Plot(e.to_string()))?;
-                eprintln!("wiretrain: plot written to {}", p.display());
             }
         }
         Ok(Fitted {
@@ -262,6 +245,46 @@ impl Record {
             first_loss,
             final_loss,
         })
+    }
+
+    /// Rank 0's closing line and plot. A run resumed at its last step (an elastic restart
+    /// after the job's work was done) trains nothing: it says so and leaves the plot as the
+    /// run before it drew it.
+    fn close<M: Module>(
+        &self,
+        trainer: &mut Trainer<M>,
+        run: &FitOptions,
+        (start, steps_done, samples_per_s): (usize, usize, f64),
+    ) -> Result<(), FitError> {
+        if steps_done == 0 {
+            eprintln!(
+                "wiretrain: nothing left to train: the run is at step {start} of {}",
+                run.steps
+            );
+            return Ok(());
+        }
+        let (first, last) = (self.points.first(), self.points.last());
+        eprintln!(
+            "wiretrain: {steps_done} steps, loss {:.4} -> {:.4}, {samples_per_s:.1} samples/s",
+            first.map_or(f64::NAN, |p| p.loss),
+            last.map_or(f64::NAN, |p| p.loss),
+        );
+        #[cfg(feature = "plot")]
+        if let Some(p) = &run.plot {
+            let title = format!(
+                "{} {} world {}, global batch {}",
+                run.title,
+                strategy_name(trainer.config()),
+                trainer.process_group().world(),
+                run.global_batch
+            );
+            crate::plot::plot_run(p, &title, &self.points)
+                .map_err(|e| FitError::Plot(e.to_string()))?;
+            eprintln!("wiretrain: plot written to {}", p.display());
+        }
+        #[cfg(not(feature = "plot"))]
+        let _ = trainer;
+        Ok(())
     }
 
     /// The summary line: the run's figures, every rank's memory, and the caller's description.

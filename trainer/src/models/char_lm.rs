@@ -117,25 +117,13 @@ impl CharLm {
     }
 }
 
-impl CharLm {
-    /// The embeddings, each transformer block, then the final norm with the head.
+/// Units: the embeddings, each transformer block, then the final norm with the head.
+impl Units for CharLm {
     fn unit_map(&self) -> UnitMap {
         UnitMap::new()
             .unit(&["tok", "pos"])
             .each("blocks.layers", self.blocks.layers.len())
             .unit(&["norm", "head"])
-    }
-}
-
-/// Units: the embeddings, each transformer block, then the final norm with the head.
-impl Units for CharLm {
-    fn num_units(&self) -> usize {
-        self.unit_map().num_units()
-    }
-    fn unit_of(&self, path: &str) -> usize {
-        // Every parameter is under a declared field; anything else joins the head's unit.
-        let map = self.unit_map();
-        map.unit_of(path).unwrap_or(map.num_units() - 1)
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         let n = self.blocks.layers.len();

@@ -67,12 +67,8 @@ impl Mlp {
 
 /// Three units, one per layer (ZeRO-3 gathers one layer at a time).
 impl Units for Mlp {
-    fn num_units(&self) -> usize {
-        3
-    }
-    fn unit_of(&self, path: &str) -> usize {
-        let map = UnitMap::new().unit(&["l1"]).unit(&["l2"]).unit(&["l3"]);
-        map.unit_of(path).unwrap_or(2)
+    fn unit_map(&self) -> UnitMap {
+        UnitMap::new().unit(&["l1"]).unit(&["l2"]).unit(&["l3"])
     }
     fn forward_unit(&self, unit: usize, x: Act) -> Act {
         use burn::tensor::activation::relu;

@@ -184,8 +184,10 @@ impl GradSync for DilocoSync {
             return Ok(());
         }
         // A device-resident inner DDP holds the round's result on the device: the outer step
-        // reads it once and puts the new parameters back once.
-        let on_device = cx.held.dev.take();
+        // reads it once and puts the new parameters back once. An inner hybrid's gathered
+        // parameters went up too, but its host vector is current: the outer step's result
+        // replaces them (one upload, by the trainer).
+        let on_device = cx.held.dev.take().filter(|_| self.inner.resident());
         if let Some(dev) = on_device.clone() {
             cx.held.params = crate::transfer::read_f32(dev).map_err(|reason| {
                 crate::optim::OptimError::ReadBack {

@@ -15,6 +15,7 @@ use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
 use crate::optim::StepOpts;
 use burn::optim::GradientsParams;
+use burn::tensor::Tensor;
 use std::ops::Range;
 use wiretrain_comm::{CallOpts, Group, ProcessGroup, ReduceOp, Work};
 
@@ -26,8 +27,11 @@ pub(crate) struct Sharded {
 
 impl Sharded {
     /// Gathers every rank's pieces of every bucket (its master, in the wire dtype) into the
-    /// parameters the model computes with, all buckets in flight at once.
-    fn gather(&self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
+    /// parameters the model computes with, all buckets in flight at once. With `upload`
+    /// (after an optimizer step), each gathered bucket also goes up to the device as soon as
+    /// it is back, while later ones travel, and `held.dev` is the model's new flat parameters
+    /// there: no whole-vector copy and upload after the last gather.
+    fn gather(&self, cx: &mut SyncCx<'_>, upload: bool) -> Result<(), TrainError> {
         let held = &mut *cx.held;
         let issue = cx.clock.enter(Phase::Comm, "issue gathers");
         let mut works = Vec::with_capacity(held.buckets.len());
@@ -41,11 +45,16 @@ impl Sharded {
             works.push((b.clone(), w));
         }
         drop(issue);
+        let mut parts = Vec::with_capacity(if upload { works.len() } else { 0 });
         for (b, w) in works {
             let _wait = cx.clock.enter(Phase::Comm, format!("wait {}", w.id()));
             let full = w.wait()?;
             held.params[b].copy_from_slice(&full);
+            if upload {
+                parts.push(crate::transfer::upload(full, cx.opt.device()));
+            }
         }
+        held.dev = (!parts.is_empty()).then(|| Tensor::cat(parts, 0));
         Ok(())
     }
 }
@@ -147,13 +156,13 @@ impl GradSync for Sharded {
         if self.stage == Stage::Parameters {
             return Ok(());
         }
-        self.gather(cx)
+        self.gather(cx, true)
     }
 
     fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
         if self.stage == Stage::Parameters {
             return Ok(());
         }
-        self.gather(cx)
+        self.gather(cx, false)
     }
 }
