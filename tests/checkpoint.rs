@@ -565,37 +565,3 @@ fn a_checkpoint_write_slower_than_the_collective_timeout_completes() {
     );
     let _ = std::fs::remove_dir_all(&d);
 }
-
-/// A resume at the run's last step (an elastic restart after the job's work was done, or a
-/// second `--resume` of a finished run) trains nothing and succeeds, saying so: it used to
-/// fail drawing a plot with no point, which turned an elastic restart at the end of a job
-/// into a failed job (found by tests/elastic_agents.rs, a stalled agent).
-#[test]
-fn resuming_a_finished_run_trains_nothing_and_succeeds() {
-    let d = dir("finished");
-    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
-    let mut args = vec!["train"];
-    args.extend(common::mlp("zero2", "20", "32", "1", "cpu"));
-    args.extend(["--checkpoint-dir", s(&ck), "--checkpoint-every", "10"]);
-    args.extend(["--metrics", s(&m)]);
-    let out = common::run(&args, &[], Duration::from_secs(120));
-    assert!(out.status.success(), "{}", common::text(&out));
-    let plot = std::fs::metadata(d.join("m.png"))
-        .unwrap()
-        .modified()
-        .unwrap();
-    args.push("--resume");
-    let out = common::run(&args, &[], Duration::from_secs(120));
-    let text = common::text(&out);
-    assert!(out.status.success(), "{text}");
-    assert!(
-        text.contains("nothing left to train: the run is at step 20 of 20"),
-        "{text}"
-    );
-    let again = std::fs::metadata(d.join("m.png"))
-        .unwrap()
-        .modified()
-        .unwrap();
-    assert_eq!(plot, again, "the finished run's plot is kept");
-    let _ = std::fs::remove_dir_all(&d);
-}

@@ -2,7 +2,8 @@
 //! trains with `--resume` in a directory (its nodes, on one machine, do not refuse each
 //! other), a second `--resume` run there — alone or launched — is refused with exit 2 and
 //! one line naming the holder (host, pid, job); the first's checkpoints stay intact: after
-//! it stops, a resume continues from its newest one.
+//! it stops, a resume continues from its newest one. A resume of a run that is finished
+//! trains nothing and succeeds.
 
 mod common;
 
@@ -126,5 +127,39 @@ fn a_second_run_on_a_live_runs_checkpoint_directory_is_refused_naming_the_holder
         err.contains(&format!("at step {newest} ")) && !err.contains("stale lease"),
         "{err}"
     );
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A resume at the run's last step (an elastic restart after the job's work was done, or a
+/// second `--resume` of a finished run) trains nothing and succeeds, saying so: it used to
+/// fail drawing a plot with no point, which turned an elastic restart at the end of a job
+/// into a failed job (found by tests/elastic_agents.rs, a stalled agent).
+#[test]
+fn resuming_a_finished_run_trains_nothing_and_succeeds() {
+    let d = ckpt::dir("finished");
+    let (ck, m) = (d.join("ck"), d.join("m.jsonl"));
+    let mut args = vec!["train"];
+    args.extend(common::mlp("zero2", "20", "32", "1", "cpu"));
+    args.extend(["--checkpoint-dir", s(&ck), "--checkpoint-every", "10"]);
+    args.extend(["--metrics", s(&m)]);
+    let out = common::run(&args, &[], Duration::from_secs(120));
+    assert!(out.status.success(), "{}", common::text(&out));
+    let plot = std::fs::metadata(d.join("m.png"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    args.push("--resume");
+    let out = common::run(&args, &[], Duration::from_secs(120));
+    let text = common::text(&out);
+    assert!(out.status.success(), "{text}");
+    assert!(
+        text.contains("nothing left to train: the run is at step 20 of 20"),
+        "{text}"
+    );
+    let again = std::fs::metadata(d.join("m.png"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(plot, again, "the finished run's plot is kept");
     let _ = std::fs::remove_dir_all(&d);
 }
