@@ -37,6 +37,10 @@ use wiretrain::optim::OptimConfig;
 use wiretrain::units::{Act, UnitMap, Units};
 use wiretrain::{JobOptions, Strategy, Trainer, TrainerConfig};
 
+/// Counts the heap, so that the summary carries each rank's `peak_heap_bytes`.
+#[global_allocator]
+static ALLOC: wiretrain::heap::CountingAlloc = wiretrain::heap::CountingAlloc;
+
 /// The model's shapes.
 #[derive(Debug, Clone, Copy)]
 struct Shape {
@@ -246,6 +250,7 @@ fn shape(args: &[String]) -> Result<Shape, String> {
 /// Exit 2: bad flags; exit 1: the run failed (a rank's error, e.g. a strategy refused under
 /// the process's memory cap).
 fn main() {
+    ALLOC.mark_installed();
     match real_main() {
         Ok(()) => {}
         Err(e) => match e.downcast::<FailedRun>() {

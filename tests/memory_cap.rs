@@ -195,9 +195,16 @@ fn gpt2_small_trains_under_zero3_in_a_memory_cap_where_ddp_is_refused() {
         .iter()
         .map(|m| m["peak_rss_bytes"].as_u64().unwrap())
         .collect();
+    let heap: Vec<u64> = summary["memory_per_rank"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["peak_heap_bytes"].as_u64().unwrap_or(0))
+        .collect();
     eprintln!(
         "zero3, 163M parameters, 2x2 under a {CAP} B cap per node: kernel peaks {peaks:?} B, \
-         peak RSS per rank {rss:?} B, losses {losses:?}, {} samples/s, median step {} ms",
+         peak RSS per rank {rss:?} B, peak heap per process (counting allocator, during the \
+         steps) {heap:?} B, losses {losses:?}, {} samples/s, median step {} ms",
         summary["samples_per_s"], summary["median"]["step_ms"]
     );
     assert!(peaks.iter().all(|&p| p > 0 && p <= CAP), "{peaks:?}");

@@ -4,6 +4,11 @@
 //! ```ignore
 //! #[global_allocator]
 //! static ALLOC: wiretrain::heap::CountingAlloc = wiretrain::heap::CountingAlloc;
+//!
+//! fn main() {
+//!     ALLOC.mark_installed(); // first thing: the figures are reported from here on
+//!     // ...
+//! }
 //! ```
 //!
 //! and the training summary then carries each rank's `peak_heap_bytes` (its process's peak of
