@@ -10,7 +10,7 @@
 use crate::clock::{Phase, StepClock};
 use crate::flat::FlatLayout;
 use crate::optim::ShardOptimizer;
-use crate::strategy::{GradSync, Held, Reach, Stage, SyncCx, sync_for};
+use crate::strategy::{GradSync, Held, SyncCx, sync_for};
 use crate::transfer::{self, DeviceMemory, TransferCounts};
 use burn::module::Module;
 use burn::optim::{GradientsAccumulator, GradientsParams};
@@ -127,8 +127,8 @@ impl<M: Module> Trainer<M> {
             .unwrap_or_else(|| layout.buckets(cfg.bucket_bytes / 4));
         // Device-resident DDP (DiLoCo's inner DDP too: its outer step reads the parameters
         // once a round).
-        let resident = cfg.device_resident && cfg.strategy.stage() == Stage::Replicated;
-        let sync = sync_for(cfg.strategy, cfg.diloco, &params, resident);
+        let sync = sync_for(cfg.strategy, cfg.diloco, &params, cfg.device_resident);
+        let resident = sync.resident();
         let owned = sync.owned(&pg, &buckets, layout.total());
         let mut held = Held {
             owned,
@@ -149,7 +149,14 @@ impl<M: Module> Trainer<M> {
         let separate = crate::transfer::device_memory(device).is_some();
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels)
             .keep_master(cfg.device_resident && separate);
-        let memory = memory_model(&cfg, &held, layout.total(), opt.state_bytes(), unit_overlap);
+        let memory = memory_model(
+            &*sync,
+            &cfg,
+            &held,
+            layout.total(),
+            opt.state_bytes(),
+            unit_overlap,
+        );
         let mut trainer = Self {
             model: Some(model),
             layout,
@@ -180,10 +187,7 @@ impl<M: Module> Trainer<M> {
     /// parameters (at the start, and after a load).
     fn reset_master(&mut self) {
         self.opt.forget_master();
-        if matches!(
-            self.cfg.strategy.stage(),
-            Stage::OptimizerState | Stage::Gradients
-        ) {
+        if self.sync.keeps_master() {
             self.held.master = self.held.owned_of(&self.held.params);
         }
     }
@@ -285,7 +289,7 @@ impl<M: Module> Trainer<M> {
         }
         let device_master = self.opt.device_master()?;
         let shard: &[f32] = device_master.as_deref().unwrap_or(&self.held.params);
-        let reach = Reach::of(self.cfg.strategy.scope());
+        let reach = self.sync.reach();
         let mut full = vec![0.0f32; self.layout.total()];
         let mut at = 0;
         let mut works = Vec::with_capacity(self.held.buckets.len());
@@ -551,29 +555,21 @@ fn read_loss(loss: Tensor<1>) -> Result<f32, TrainError> {
     })
 }
 
-/// Bytes a rank holds for model states under `cfg`'s stage (what [`MemoryReport`] says).
-/// With `unit_overlap`, a stage-2 rank holds two units of full gradient (the one being
-/// flattened and the one in flight) besides its shard.
+/// Bytes a rank holds for model states (what [`MemoryReport`] says): what its sync holds,
+/// in f32, and its optimizer state. With `unit_overlap`, a stage-2 rank holds two units of
+/// full gradient (the one being flattened and the one in flight) besides its shard.
 fn memory_model(
+    sync: &dyn GradSync,
     cfg: &TrainerConfig,
     held: &Held,
     total: usize,
     optim_bytes: usize,
     unit_overlap: bool,
 ) -> MemoryReport {
-    let max_bucket = held.buckets.iter().map(|b| b.len()).max().unwrap_or(0);
-    let stage = cfg.strategy.stage();
+    let h = sync.holding(held, total, cfg.prefetch, unit_overlap);
     MemoryReport {
-        params_bytes: 4 * if stage == Stage::Parameters {
-            held.owned_len() + (1 + cfg.prefetch) * max_bucket
-        } else {
-            total
-        },
-        grads_bytes: 4 * if stage >= Stage::Gradients {
-            held.owned_len() + max_bucket * if unit_overlap { 2 } else { 1 }
-        } else {
-            total
-        },
+        params_bytes: 4 * h.params,
+        grads_bytes: 4 * h.grads,
         optim_bytes,
     }
 }

@@ -25,7 +25,7 @@ use crate::checkpoint::{
 };
 use crate::clock::StepClock;
 use crate::optim::ExportedState;
-use crate::strategy::{Scope, Stage};
+use crate::strategy::flat_ranges;
 use burn::module::Module;
 use std::path::{Path, PathBuf};
 use wiretrain_comm::ReduceOp;
@@ -56,104 +56,34 @@ enum Wrote {
 }
 
 impl<M: Module> Trainer<M> {
-    /// Whether this rank writes its owned elements (so that each element is written once).
-    fn writes_checkpoint(&self) -> bool {
-        let replicated = self.cfg.strategy.stage() == Stage::Replicated;
-        if self.sync.outer().is_some() {
-            // DiLoCo: every node's inner state, by its first rank (DDP inside the node) or by
-            // the ranks that own a part of it (sharded inside the node).
-            return match replicated {
-                true => self.pg.local_rank() == 0,
-                false => self.held.owned.iter().any(|r| !r.is_empty()),
-            };
-        }
-        match (replicated, self.cfg.strategy.scope()) {
-            // Every rank holds everything: each writes its share, so no rank writes it all.
-            (true, _) => !self.ddp_write_range().is_empty(),
-            (false, Scope::World) => true,
-            (false, Scope::Node) => !self.replica_write_piece().is_empty(),
-        }
-    }
-
-    /// Under hybrid and HSDP (without DiLoCo), every node holds the same shards, so node k
-    /// writes the k-th of `nodes` equal pieces of this rank's shard: a range of positions in
-    /// the shard (the concatenation of `owned`), so each element is written once and no node
-    /// writes it all.
-    fn replica_write_piece(&self) -> std::ops::Range<usize> {
-        let held = self.held.owned_len();
-        let nodes = self.pg.table().num_nodes();
-        let k = self.pg.node();
-        held * k / nodes..held * (k + 1) / nodes
-    }
-
     /// The flat layout as the manifest records it.
     pub fn layout_entries(&self) -> Vec<LayoutEntry> {
         super::buffers::manifest_entries(&self.layout)
     }
 
-    /// This rank's owned element ranges, the parameters over them and its optimizer state.
-    fn shard_data(&self) -> Result<(ShardData, ExportedState), TrainError> {
-        let device = self.opt.device_master()?;
-        let stage = self.cfg.strategy.stage();
-        let params: Vec<f32> = match (device, stage) {
+    /// The piece `piece` (positions in the concatenation of the owned ranges, what the sync
+    /// says this rank writes) of its owned elements: their flat ranges, the parameters over
+    /// them and its optimizer state for them; and the optimizer's whole exported state.
+    fn shard_data(
+        &self,
+        piece: std::ops::Range<usize>,
+    ) -> Result<(ShardData, ExportedState), TrainError> {
+        let params = match self.opt.device_master()? {
             // The fused optimizer holds the f32 master on the device.
-            (Some(m), _) => m,
-            (None, Stage::Parameters) => self.held.params.clone(),
-            // The f32 master, not the compute copy a narrow wire dtype rounds.
-            (None, Stage::OptimizerState | Stage::Gradients) => self.held.master.clone(),
-            (None, Stage::Replicated) => self.held.owned_of(&self.held.params),
+            Some(m) => m,
+            None => self.sync.owned_values(&self.held),
         };
-        let mut state = self.opt.export_state()?;
-        let diloco = self.sync.outer().is_some();
-        if !diloco && stage == Stage::Replicated {
-            // DDP owns the whole vector; this rank writes its share of it.
-            let r = self.ddp_write_range();
-            for (_, v) in &mut state.tensors {
-                *v = v[r.clone()].to_vec();
-            }
-            let shard = ShardData {
-                ranges: vec![r.clone()],
-                params: params[r].to_vec(),
-                state: state.tensors.clone(),
-            };
-            return Ok((shard, state));
-        }
-        if !diloco && self.cfg.strategy.scope() == Scope::Node {
-            // The replicas split the shard: this node's piece of it, mapped to flat ranges.
-            let piece = self.replica_write_piece();
-            let mut ranges = Vec::new();
-            let mut at = 0;
-            for r in &self.held.owned {
-                let (lo, hi) = (piece.start.max(at), piece.end.min(at + r.len()));
-                if lo < hi {
-                    ranges.push(r.start + (lo - at)..r.start + (hi - at));
-                }
-                at += r.len();
-            }
-            let shard = ShardData {
-                ranges,
-                params: params[piece.clone()].to_vec(),
-                state: state
-                    .tensors
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v[piece.clone()].to_vec()))
-                    .collect(),
-            };
-            return Ok((shard, state));
-        }
-        Ok((
-            ShardData {
-                ranges: self.held.owned.clone(),
-                params,
-                state: state.tensors.clone(),
-            },
-            state,
-        ))
-    }
-
-    /// Under DDP (without DiLoCo), the part of the flat vector this rank writes.
-    fn ddp_write_range(&self) -> std::ops::Range<usize> {
-        self.pg.shard_range(self.layout.total())
+        let state = self.opt.export_state()?;
+        let shard = ShardData {
+            ranges: flat_ranges(&self.held.owned, piece.clone()),
+            params: params[piece.clone()].to_vec(),
+            state: state
+                .tensors
+                .iter()
+                .map(|(k, v)| (k.clone(), v[piece.clone()].to_vec()))
+                .collect(),
+        };
+        Ok((shard, state))
     }
 
     /// Writes a checkpoint of the state after `step` optimizer steps into
@@ -221,8 +151,8 @@ impl<M: Module> Trainer<M> {
             outer: None,
             buffers: None,
         };
-        if self.writes_checkpoint() {
-            let (shard, st) = self.shard_data()?;
+        if let Some(piece) = self.sync.checkpoint_piece(&self.pg, &self.held) {
+            let (shard, st) = self.shard_data(piece)?;
             own.state = st;
             own.shard = Some(write_shard(dir, rank, &shard));
         }

@@ -10,7 +10,7 @@
 use super::Trainer;
 use crate::checkpoint::ScalarValue;
 use crate::optim::ExportedState;
-use crate::strategy::{Scope, Stage};
+use crate::strategy::Replicas;
 use burn::module::Module;
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet};
@@ -84,13 +84,10 @@ impl<M: Module> Trainer<M> {
     /// DiLoCo's nodes go on with their own inner states and agree on the outer state;
     /// ZeRO-1/2/3 restart from the newest checkpoint.
     pub fn heal_unsupported(&self) -> Option<String> {
-        let s = self.cfg.strategy;
-        if s.stage() != Stage::Replicated && s.scope() == Scope::World {
-            return Some(format!(
-                "{s} shards its state over every rank: a lost node's shards exist nowhere else"
-            ));
+        match self.sync.replicas(self.pg.table()) {
+            Replicas::None(why) => Some(format!("{} {why}", self.cfg.strategy)),
+            Replicas::Groups(_) | Replicas::NodesApart => None,
         }
-        None
     }
 
     /// Takes `pg` (the next epoch's) in place of the process group the job lost. Fails when
@@ -200,10 +197,27 @@ impl<M: Module> Trainer<M> {
     }
 
     fn agree_as(&mut self, steps: usize, joined: bool) -> Result<Agreed, super::TrainError> {
+        let (entries, exported) = self.exchange_entries(steps, joined)?;
+        match self.sync.replicas(self.pg.table()) {
+            Replicas::NodesApart => self.agree_diloco(&entries, &exported),
+            Replicas::Groups(group_of) => self.agree_replicas(&group_of, &entries, &exported),
+            Replicas::None(why) => Err(super::TrainError::Heal(format!(
+                "{} {why}",
+                self.cfg.strategy
+            ))),
+        }
+    }
+
+    /// Every rank's [`Entry`] (steps, digests, step shape), after every rank took rank 0's
+    /// run id (a node that joined takes it: checkpoints' pruning keys on it); and this rank's
+    /// exported optimizer state. Fails when a rank would step differently from rank 0.
+    fn exchange_entries(
+        &mut self,
+        steps: usize,
+        joined: bool,
+    ) -> Result<(Vec<Entry>, ExportedState), super::TrainError> {
         self.sync_host()?;
         let heal_err = |m: String| super::TrainError::Heal(m);
-        // Every rank writes checkpoints as one run (their pruning keys on it): a node that
-        // joined takes rank 0's run id.
         let id = self
             .pg
             .broadcast_bytes_within(self.run_id.as_bytes(), 0, MAX_RUN_ID_BYTES)?;
@@ -241,21 +255,18 @@ impl<M: Module> Trainer<M> {
                  on or off for elastic launches"
             )));
         }
-        if self.sync.outer().is_some() {
-            return self.agree_diloco(&entries, &exported);
-        }
-        // Under DDP every rank holds the whole state: one replica group. Under hybrid each
-        // local rank's shard is replicated on the other nodes: a group per local rank.
-        let table = self.pg.table().clone();
-        let group_of: Vec<usize> = if self.cfg.strategy.stage() == Stage::Replicated {
-            vec![0; entries.len()]
-        } else {
-            table
-                .nodes()
-                .iter()
-                .flat_map(|n| 0..n.devices.len())
-                .collect()
-        };
+        Ok((entries, exported))
+    }
+
+    /// The agreement of replicated state (`group_of[r]`: rank r's replica group; DDP: one
+    /// group; hybrid/HSDP: a group per local rank): in each group, the ranks whose state
+    /// differs from the one with the most steps receive that one's.
+    fn agree_replicas(
+        &mut self,
+        group_of: &[usize],
+        entries: &[Entry],
+        exported: &ExportedState,
+    ) -> Result<Agreed, super::TrainError> {
         let groups = group_of.iter().copied().max().map_or(0, |m| m + 1);
         let sources: Vec<usize> = (0..groups)
             .filter_map(|g| {
@@ -264,9 +275,9 @@ impl<M: Module> Trainer<M> {
                     .max_by_key(|&r| (entries[r].steps, usize::MAX - r))
             })
             .collect();
-        let agreed = sources.first().map_or(steps, |&s| entries[s].steps);
+        let agreed = sources.first().map_or(0, |&s| entries[s].steps);
         if let Some(&s) = sources.iter().find(|&&s| entries[s].steps != agreed) {
-            return Err(heal_err(format!(
+            return Err(super::TrainError::Heal(format!(
                 "the replicas stopped at different steps (local rank {} at {}, local rank {} \
                  at {agreed}): no live state holds one step for every shard",
                 group_of[s], entries[s].steps, group_of[sources[0]]
@@ -282,7 +293,7 @@ impl<M: Module> Trainer<M> {
                 continue;
             }
             transferred = true;
-            self.receive_state(src, group_of[me] == g, &exported, want)?;
+            self.receive_state(src, group_of[me] == g, exported, want)?;
         }
         // Hybrid: what the model computes with is the node's gather of the masters (a rank
         // whose optimizer stepped before the gather was cut off holds stale parameters).

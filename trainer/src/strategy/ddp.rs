@@ -10,7 +10,8 @@
 //! steps) not even the gradient does.
 
 use super::Reach;
-use super::sync::{Grad, GradSync, Reduced, SyncCx};
+use super::holds::{Holding, Replicas};
+use super::sync::{Grad, GradSync, Held, Reduced, SyncCx};
 use crate::clock::Phase;
 use crate::error::TrainError;
 use crate::optim::StepOpts;
@@ -19,7 +20,7 @@ use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use std::collections::VecDeque;
 use std::ops::Range;
-use wiretrain_comm::{ProcessGroup, WireDtype, Work};
+use wiretrain_comm::{ProcessGroup, RankTable, WireDtype, Work};
 
 /// The replicated sync; `reach` is the world, or the node alone under DiLoCo.
 pub(crate) struct Replicated {
@@ -144,5 +145,33 @@ impl GradSync for Replicated {
 
     fn resident(&self) -> bool {
         self.resident
+    }
+
+    fn checkpoint_piece(&self, pg: &ProcessGroup, held: &Held) -> Option<Range<usize>> {
+        let piece = match self.reach {
+            // Every rank of the node holds it all (DiLoCo's inner DDP): its first writes it.
+            Reach::NodeOnly => (pg.local_rank() == 0).then(|| 0..held.owned_len())?,
+            // Every rank holds it all: each writes its share, so no rank writes it all.
+            Reach::World | Reach::Hybrid => pg.shard_range(held.owned_len()),
+        };
+        (!piece.is_empty()).then_some(piece)
+    }
+
+    fn owned_values(&self, held: &Held) -> Vec<f32> {
+        held.owned_of(&held.params)
+    }
+
+    fn replicas(&self, table: &RankTable) -> Replicas {
+        match self.reach {
+            Reach::NodeOnly => Replicas::NodesApart,
+            Reach::World | Reach::Hybrid => Replicas::Groups(vec![0; table.world()]),
+        }
+    }
+
+    fn holding(&self, _: &Held, total: usize, _: usize, _: bool) -> Holding {
+        Holding {
+            params: total,
+            grads: total,
+        }
     }
 }

@@ -4,14 +4,15 @@
 //! outer Nesterov-momentum SGD step: m = μ m + Δ, θ = θ₀ − lr (Δ + μ m).
 
 use super::Strategy;
-use super::sync::{Grad, GradSync, Reduced, SyncCx};
+use super::holds::{Holding, Replicas};
+use super::sync::{Grad, GradSync, Held, Reduced, SyncCx};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
 use burn::optim::GradientsParams;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::ops::Range;
-use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, Work};
+use wiretrain_comm::{CallOpts, ProcessGroup, RankTable, ReduceOp, Work};
 
 /// DiLoCo's outer loop: defaults outer lr 0.7, momentum 0.9.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -213,6 +214,26 @@ impl GradSync for DilocoSync {
 
     fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError> {
         self.inner.refresh(cx)
+    }
+
+    fn checkpoint_piece(&self, pg: &ProcessGroup, held: &Held) -> Option<Range<usize>> {
+        self.inner.checkpoint_piece(pg, held)
+    }
+
+    fn keeps_master(&self) -> bool {
+        self.inner.keeps_master()
+    }
+
+    fn owned_values(&self, held: &Held) -> Vec<f32> {
+        self.inner.owned_values(held)
+    }
+
+    fn replicas(&self, _: &RankTable) -> Replicas {
+        Replicas::NodesApart
+    }
+
+    fn holding(&self, held: &Held, total: usize, prefetch: usize, unit_overlap: bool) -> Holding {
+        self.inner.holding(held, total, prefetch, unit_overlap)
     }
 
     fn outer(&self) -> Option<&OuterState> {

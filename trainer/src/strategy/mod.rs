@@ -137,10 +137,12 @@ impl std::fmt::Display for Strategy {
 
 mod ddp;
 pub(crate) mod diloco;
+mod holds;
 mod reach;
 mod sharded;
 mod sync;
 
+pub(crate) use holds::{Replicas, flat_ranges};
 pub(crate) use reach::Reach;
 pub(crate) use sync::{Grad, GradSync, Held, SyncCx, sync_for};
 

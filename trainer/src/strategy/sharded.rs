@@ -9,7 +9,8 @@
 //! * Stage 3 keeps only its shard at rest; the unit-by-unit step (`engine::units`) reduces
 //!   through the same [`Reach`], and this sync only steps the shard.
 
-use super::sync::{Grad, GradSync, Reduced, SyncCx};
+use super::holds::{Holding, Replicas};
+use super::sync::{Grad, GradSync, Held, Reduced, SyncCx};
 use super::{Reach, Stage, Strategy};
 use crate::clock::Phase;
 use crate::error::{ConfigError, TrainError};
@@ -17,7 +18,7 @@ use crate::optim::StepOpts;
 use burn::optim::GradientsParams;
 use burn::tensor::Tensor;
 use std::ops::Range;
-use wiretrain_comm::{CallOpts, Group, ProcessGroup, ReduceOp, Work};
+use wiretrain_comm::{CallOpts, Group, ProcessGroup, RankTable, ReduceOp, Work};
 
 /// The sharded sync of `stage` (1, 2 or 3) over `reach`.
 pub(crate) struct Sharded {
@@ -164,5 +165,64 @@ impl GradSync for Sharded {
             return Ok(());
         }
         self.gather(cx, false)
+    }
+
+    fn checkpoint_piece(&self, pg: &ProcessGroup, held: &Held) -> Option<Range<usize>> {
+        let len = held.owned_len();
+        match self.reach {
+            Reach::World => Some(0..len),
+            Reach::NodeOnly => (len > 0).then_some(0..len),
+            // Every node holds the same shards: node k writes the k-th of equal pieces of
+            // this rank's shard, so each element is written once and no node writes it all.
+            Reach::Hybrid => {
+                let (k, nodes) = (pg.node(), pg.table().num_nodes());
+                let piece = len * k / nodes..len * (k + 1) / nodes;
+                (!piece.is_empty()).then_some(piece)
+            }
+        }
+    }
+
+    fn keeps_master(&self) -> bool {
+        self.stage != Stage::Parameters
+    }
+
+    fn owned_values(&self, held: &Held) -> Vec<f32> {
+        match self.stage {
+            // Stage 3 holds only its shards, in f32.
+            Stage::Parameters => held.params.clone(),
+            // The f32 master, not the compute copy a narrow wire dtype rounds.
+            _ => held.master.clone(),
+        }
+    }
+
+    fn replicas(&self, table: &RankTable) -> Replicas {
+        match self.reach {
+            Reach::World => Replicas::None(
+                "shards its state over every rank: a lost node's shards exist nowhere else",
+            ),
+            // Each local rank's shard is replicated on the other nodes.
+            Reach::Hybrid => Replicas::Groups(
+                table
+                    .nodes()
+                    .iter()
+                    .flat_map(|n| 0..n.devices.len())
+                    .collect(),
+            ),
+            Reach::NodeOnly => Replicas::NodesApart,
+        }
+    }
+
+    fn holding(&self, held: &Held, total: usize, prefetch: usize, unit_overlap: bool) -> Holding {
+        let max_bucket = held.buckets.iter().map(|b| b.len()).max().unwrap_or(0);
+        Holding {
+            params: match self.stage {
+                Stage::Parameters => held.owned_len() + (1 + prefetch) * max_bucket,
+                _ => total,
+            },
+            grads: match self.stage {
+                Stage::OptimizerState => total,
+                _ => held.owned_len() + max_bucket * if unit_overlap { 2 } else { 1 },
+            },
+        }
     }
 }

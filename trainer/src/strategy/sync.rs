@@ -2,6 +2,7 @@
 //! step ([`Held`], [`SyncCx`]), and the choice of one from the configuration ([`sync_for`]).
 
 use super::diloco::{Diloco, DilocoSync};
+use super::holds::{Holding, Replicas};
 use super::{Reach, Stage, Strategy, ddp::Replicated, sharded::Sharded};
 use crate::clock::StepClock;
 use crate::error::TrainError;
@@ -11,7 +12,7 @@ use crate::transfer;
 use burn::optim::GradientsParams;
 use burn::tensor::{Device, Tensor};
 use std::ops::Range;
-use wiretrain_comm::{ProcessGroup, WireDtype, Work};
+use wiretrain_comm::{ProcessGroup, RankTable, WireDtype, Work};
 
 /// What a rank holds between steps.
 #[derive(Debug, Default)]
@@ -143,6 +144,29 @@ pub(crate) trait GradSync: Send {
         false
     }
 
+    /// The positions of the owned concatenation ([`Held::owned`]) this rank writes to a
+    /// checkpoint, so that every element is written once and, where other ranks hold it too,
+    /// no rank writes it all; `None`: this rank writes no file.
+    fn checkpoint_piece(&self, pg: &ProcessGroup, held: &Held) -> Option<Range<usize>>;
+
+    /// The f32 values of the owned elements, concatenated, that a checkpoint records (when
+    /// the optimizer keeps no master on the device): the master, not a compute copy that a
+    /// narrow wire dtype rounded.
+    fn owned_values(&self, held: &Held) -> Vec<f32>;
+
+    /// Which ranks of `table` hold the same state (what a heal takes a lost node's from).
+    fn replicas(&self, table: &RankTable) -> Replicas;
+
+    /// The elements this rank holds between steps, of a model of `total` (`prefetch`: units
+    /// gathered ahead; `unit_overlap`: a unit's full gradient in flight beside the next's).
+    fn holding(&self, held: &Held, total: usize, prefetch: usize, unit_overlap: bool) -> Holding;
+
+    /// Whether this sync keeps an f32 master of the owned elements beside the parameters the
+    /// model computes with (stages 1-2), taken from them at the start and after a load.
+    fn keeps_master(&self) -> bool {
+        false
+    }
+
     /// After a checkpoint load: makes `cx.held.params` what a step's gather would give from
     /// the owned masters (a collective for the sharded strategies).
     fn refresh(&mut self, cx: &mut SyncCx<'_>) -> Result<(), TrainError>;
@@ -173,7 +197,8 @@ pub(crate) trait GradSync: Send {
 
 /// The sync of `strategy`, wrapped in DiLoCo when `diloco` is set (then `params` is where its
 /// first round starts). The configuration's builder has checked the pair.
-/// `resident`: DDP (DiLoCo's inner DDP too) keeps the parameters on the device.
+/// `resident`: the parameters stay on the device where a sync can keep them there (DDP,
+/// DiLoCo's inner DDP too).
 pub(crate) fn sync_for(
     strategy: Strategy,
     diloco: Option<Diloco>,
