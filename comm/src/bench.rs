@@ -23,16 +23,23 @@ use std::time::Instant;
 /// A collective the harness can measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum BenchOp {
+    /// All-reduce of a `size`-byte buffer.
     AllReduce,
+    /// Reduce-scatter of a `size`-byte input (in place).
     ReduceScatter,
+    /// All-gather into a `size`-byte output (in place).
     AllGather,
+    /// Broadcast of a `size`-byte buffer (the root changes every iteration).
     Broadcast,
+    /// Raw exchange between neighbouring nodes, `size` bytes each way
+    /// ([`ProcessGroup::p2p_exchange`]; skipped on one node).
     P2p,
     /// Baseline: one memcpy of `size` bytes on rank 0 (no communication).
     Memcpy,
 }
 
 impl BenchOp {
+    /// Every collective, in table order ([`BenchOp::Memcpy`], a baseline, is not one).
     pub const ALL: [BenchOp; 5] = [
         BenchOp::AllReduce,
         BenchOp::ReduceScatter,
@@ -41,6 +48,7 @@ impl BenchOp {
         BenchOp::P2p,
     ];
 
+    /// The name in flags and in the table (e.g. `"all-reduce"`).
     pub fn name(self) -> &'static str {
         match self {
             Self::AllReduce => "all-reduce",
@@ -52,6 +60,7 @@ impl BenchOp {
         }
     }
 
+    /// The op named `s` (as [`Self::name`] writes it, `"memcpy"` included), if any.
     pub fn parse(s: &str) -> Option<Self> {
         Self::ALL
             .into_iter()
@@ -73,12 +82,17 @@ impl BenchOp {
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchSpec {
+    /// The ops to measure, in order.
     pub ops: Vec<BenchOp>,
     /// Sizes in bytes (multiples of 4).
     pub sizes: Vec<usize>,
+    /// Timed iterations per op and size.
     pub iters: usize,
+    /// Untimed iterations before them.
     pub warmup: usize,
+    /// Compare every timed iteration's output with a serial reference.
     pub check: bool,
+    /// The reduction of all-reduce and reduce-scatter.
     pub reduce: ReduceOp,
     /// The element type between nodes for all-reduce, reduce-scatter and all-gather.
     pub wire: WireDtype,
@@ -87,14 +101,23 @@ pub struct BenchSpec {
 /// One table row.
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchRow {
+    /// The op's name ([`BenchOp::name`]).
     pub op: &'static str,
+    /// The size measured, in bytes (see the module docs for what it counts).
     pub bytes: usize,
+    /// Nodes in the job.
     pub nodes: usize,
+    /// Ranks in the job.
     pub ranks: usize,
+    /// Median over the timed iterations of the slowest rank's time, in µs.
     pub time_us: f64,
+    /// Algorithm bandwidth, `bytes / time`, in GB/s (1e9 bytes).
     pub algbw_gbps: f64,
+    /// Bus bandwidth, `algbw` × [`BenchOp::bus_factor`], in GB/s.
     pub busbw_gbps: f64,
+    /// Wrong elements, summed over ranks and timed iterations (0 without `check`).
     pub wrong: u64,
+    /// Timed iterations.
     pub iters: usize,
     /// The wire dtype between nodes.
     pub wire: &'static str,
@@ -450,6 +473,7 @@ pub fn table_header(nodes: usize, ranks_per_node: &str, world: usize, spec: &Ben
     )
 }
 
+/// One table line for `r` (`#wrong` reads "n/a" without `check`).
 pub fn table_row(r: &BenchRow, check: bool) -> String {
     let wrong = if check {
         r.wrong.to_string()
@@ -462,6 +486,8 @@ pub fn table_row(r: &BenchRow, check: bool) -> String {
     )
 }
 
+/// The table's last lines: the wrong values over all rows (OK or FAILED) and the average bus
+/// bandwidth of the rows with a non-zero size.
 pub fn table_footer(rows: &[BenchRow]) -> String {
     let n = rows.iter().filter(|r| r.bytes > 0).count().max(1);
     let avg: f64 = rows

@@ -16,6 +16,7 @@ pub enum Congestion {
     Cubic,
     /// Model-based; keeps a shaped link fuller (quinn marks it experimental).
     Bbr,
+    /// The classic loss-based controller of RFC 6582.
     NewReno,
 }
 
@@ -301,10 +302,15 @@ impl NodeConfig {
         self.devices = devices;
         Ok(self)
     }
+    /// The deadline of each phase of joining the job: the coordinator's wait for every node, a
+    /// joiner's attempts to reach it, the mesh and lane set-up (default 60 s; 5 s for
+    /// [`Self::single_node`]).
     pub fn rendezvous_timeout(&mut self, v: Duration) -> &mut Self {
         self.rendezvous_timeout = v;
         self
     }
+    /// The deadline of each collective, and of the goodbye at shutdown (default 120 s; a
+    /// group can change its own with [`crate::ProcessGroup::set_timeout`]).
     pub fn collective_timeout(&mut self, v: Duration) -> &mut Self {
         self.collective_timeout = v;
         self
@@ -359,18 +365,23 @@ impl NodeConfig {
         self.protocol_version_override = Some(v);
         self
     }
+    /// The QUIC transport tuning, to change in place.
     pub fn quic(&mut self) -> &mut QuicTuning {
         &mut self.quic
     }
+    /// Number of ranks this node hosts (one per device description).
     pub fn ranks(&self) -> usize {
         self.devices.len()
     }
+    /// Number of nodes in the job.
     pub fn nnodes(&self) -> usize {
         self.nnodes
     }
+    /// This node's node rank, or `None` when the coordinator assigns one at rendezvous.
     pub fn node_rank(&self) -> Option<usize> {
         self.node_rank
     }
+    /// The coordinator's address (node 0's QUIC endpoint).
     pub fn master(&self) -> SocketAddr {
         self.master
     }

@@ -23,27 +23,34 @@ pub const CAPACITY: usize = 64;
 /// One collective as the recorder saw it (times in ms since the group started).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Entry {
+    /// The call's sequence number in its group.
     pub seq: u64,
+    /// The collective's name ("all_reduce", "broadcast", ...).
     pub op: &'static str,
     /// The group the call spans and numbers in ("world", "node" or "replica").
     pub group: &'static str,
     /// The group's size.
     pub ranks: usize,
+    /// The size of the call's buffer, in bytes.
     pub bytes: usize,
     /// Element type between nodes ("f32", "bf16", ...).
     pub wire: &'static str,
     /// The caller's label for the call ([`crate::group::CallOpts::tag`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tag: Option<&'static str>,
+    /// When the call was submitted.
     pub submitted_ms: f64,
+    /// When the communication thread started it (`None` while pending).
     pub started_ms: Option<f64>,
+    /// When it ended, successfully or not (`None` while pending or running).
     pub finished_ms: Option<f64>,
     /// "pending", "running", "ok" or the error.
     pub state: String,
-    /// Milliseconds and bytes this rank spent sending on its inter-node lane (none when the
-    /// collective stayed inside the node or this rank carries no lane).
+    /// Milliseconds this rank spent on its inter-node lane (none when the collective stayed
+    /// inside the node or this rank carries no lane).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inter_ms: Option<f64>,
+    /// Bytes this rank sent on its inter-node lane (none when [`Self::inter_ms`] is none).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inter_bytes: Option<u64>,
 }
@@ -68,6 +75,7 @@ pub struct FlightRecorder {
 pub const HISTORY_CAP: usize = 100_000;
 
 impl FlightRecorder {
+    /// An empty recorder for rank `rank`; its times count from now.
     pub fn new(rank: usize) -> Self {
         Self {
             rank,
@@ -122,6 +130,8 @@ impl FlightRecorder {
             .find(|e| e.seq == id.seq && e.group == group)
     }
 
+    /// Records a new call as pending (dropping the oldest entry when the ring holds
+    /// [`CAPACITY`]); `bytes` is its buffer size, `wire` its wire dtype's name.
     pub fn submitted(
         &mut self,
         id: OpId,
@@ -151,6 +161,7 @@ impl FlightRecorder {
         });
     }
 
+    /// Marks call `id` as running on the communication thread.
     pub fn started(&mut self, id: OpId) {
         let t = self.now();
         self.running += 1;
@@ -182,6 +193,8 @@ impl FlightRecorder {
         }
     }
 
+    /// Marks call `id` as ended: "ok" when `error` is `None`, else the error (and keeps a copy
+    /// when history is kept).
     pub fn finished(&mut self, id: OpId, error: Option<String>) {
         let t = self.now();
         let keep = self.history.as_ref().is_some_and(|h| h.len() < HISTORY_CAP);
@@ -208,6 +221,7 @@ impl FlightRecorder {
         }
     }
 
+    /// The calls in the ring, oldest first (at most [`CAPACITY`]).
     pub fn entries(&self) -> Vec<Entry> {
         self.entries.iter().cloned().collect()
     }

@@ -37,6 +37,7 @@ use std::time::Duration;
 /// Reduction applied by all-reduce and reduce-scatter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReduceOp {
+    /// Element-wise sum.
     Sum,
     /// Sum divided by the world size.
     Mean,
@@ -65,6 +66,7 @@ fn worker_gone(rank: usize, gone: &Gone) -> Error {
 }
 
 impl<T> Work<T> {
+    /// The identity (kind, group, sequence number) of the call this handle waits for.
     pub fn id(&self) -> OpId {
         self.id
     }
@@ -172,18 +174,23 @@ impl fmt::Debug for ProcessGroup {
 }
 
 impl ProcessGroup {
+    /// This rank's global rank in the job (0 to [`Self::world`] - 1).
     pub fn rank(&self) -> usize {
         self.rank
     }
+    /// This rank's index among the ranks of its node.
     pub fn local_rank(&self) -> usize {
         self.local_rank
     }
+    /// The node rank of the node this rank runs on.
     pub fn node(&self) -> usize {
         self.node
     }
+    /// The number of ranks in the job.
     pub fn world(&self) -> usize {
         self.table.world()
     }
+    /// The job's rank table: every node and its ranks.
     pub fn table(&self) -> &RankTable {
         &self.table
     }
@@ -213,7 +220,6 @@ impl ProcessGroup {
         crate::topology::shard_range(len, self.world(), self.rank)
     }
 
-    /// The flight recorder of this rank: its last collectives and how they ended.
     /// The element type the ring frames between nodes carry from now on (all-reduce,
     /// reduce-scatter, all-gather); returns the previous one. Every rank of the job must use
     /// the same dtype for the same collective (a mismatch is a protocol error naming both).
@@ -221,6 +227,8 @@ impl ProcessGroup {
         std::mem::replace(&mut self.wire, dtype)
     }
 
+    /// The element type the ring frames between nodes carry by default (see
+    /// [`Self::set_wire_dtype`]).
     pub fn wire_dtype(&self) -> WireDtype {
         self.wire
     }
@@ -232,10 +240,12 @@ impl ProcessGroup {
         std::mem::replace(&mut self.timeout, timeout)
     }
 
+    /// The deadline of each collective submitted from now on (see [`Self::set_timeout`]).
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
+    /// The flight recorder of this rank: its last collectives and how they ended.
     pub fn flight_recorder(&self) -> Vec<crate::flight::Entry> {
         lock(&self.flight).entries()
     }

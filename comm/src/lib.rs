@@ -22,6 +22,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub mod abort;
 pub mod algo;
 pub mod bench;

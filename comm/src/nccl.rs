@@ -21,18 +21,27 @@ use std::time::{Duration, Instant};
 /// What can go wrong on the NCCL path.
 #[derive(Debug, thiserror::Error)]
 pub enum NcclError {
+    /// The NCCL path cannot run here (no CUDA driver, no libnccl, no device) or its init
+    /// thread could not start or panicked; holds why, in words a user can act on.
     #[error("{0}")]
     Unavailable(String),
+    /// A CUDA driver call failed.
     #[error("CUDA: {0:?}")]
     Cuda(cudarc::driver::DriverError),
+    /// An NCCL call failed.
     #[error("NCCL: {0:?}")]
     Nccl(cudarc::nccl::result::NcclError),
+    /// A collective of wiretrain's process group failed (the NCCL id's broadcast, a barrier).
     #[error("exchanging the NCCL id through the process group: {0}")]
     Exchange(#[from] crate::Error),
+    /// An output buffer has the wrong length for the collective.
     #[error("{what}: {got} elements, {want} expected")]
     Length {
+        /// Which buffer.
         what: &'static str,
+        /// Its length, in elements.
         got: usize,
+        /// The length the collective needs, in elements.
         want: usize,
     },
     /// NCCL did not finish within the job's collective timeout; the communicator was aborted
@@ -42,11 +51,16 @@ pub enum NcclError {
          or never joined); the NCCL communicator was aborted"
     )]
     Timeout {
+        /// What did not finish (the init, or a collective).
         what: &'static str,
+        /// This rank.
         rank: usize,
+        /// Ranks in the communicator.
         world: usize,
+        /// The timeout that passed, in seconds.
         secs: f64,
     },
+    /// The communicator was aborted by an earlier timeout; holds that failure's message.
     #[error("the NCCL communicator was aborted earlier: {0}")]
     Aborted(String),
 }
@@ -210,18 +224,22 @@ impl NcclGroup {
         self.timeout
     }
 
+    /// Sets the bound on each later [`Self::sync`].
     pub fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
     }
 
+    /// This rank in the communicator (its global rank in the job).
     pub fn rank(&self) -> usize {
         self.rank
     }
 
+    /// Ranks in the communicator (the job's world size).
     pub fn world(&self) -> usize {
         self.world
     }
 
+    /// The CUDA stream the collectives are queued on (the device's default stream).
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }

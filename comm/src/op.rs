@@ -8,17 +8,26 @@ use std::fmt;
 /// The kinds of collective, with their wire codes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OpKind {
+    /// Every rank ends with the reduction of all ranks' buffers (wire code 1).
     AllReduce,
+    /// Every rank ends with the reduction of its own shard (wire code 2).
     ReduceScatter,
+    /// Every rank ends with all ranks' shards (wire code 3).
     AllGather,
+    /// Every rank ends with the root's buffer (wire code 4).
     Broadcast,
+    /// Returns once every rank has reached it (wire code 5).
     Barrier,
+    /// Raw transport measurement between neighbouring nodes, not a collective
+    /// ([`crate::ProcessGroup::p2p_exchange`]; wire code 6).
     P2p,
 }
 
 impl OpKind {
+    /// The largest wire code of any kind (frames with a larger op code are rejected).
     pub const MAX_CODE: u8 = 6;
 
+    /// The code frames between nodes carry for this kind (1 to [`Self::MAX_CODE`]).
     pub fn code(self) -> u8 {
         match self {
             Self::AllReduce => 1,
@@ -30,6 +39,7 @@ impl OpKind {
         }
     }
 
+    /// The snake-case name used in errors, logs and traces (e.g. `"all_reduce"`).
     pub fn name(self) -> &'static str {
         match self {
             Self::AllReduce => "all_reduce",
@@ -65,9 +75,12 @@ pub enum Group {
 }
 
 impl Group {
+    /// Every group, in code order.
     pub const ALL: [Group; 3] = [Group::World, Group::Node, Group::Replica];
+    /// The largest wire code of any group (frames with a larger group code are rejected).
     pub const MAX_CODE: u8 = 2;
 
+    /// The code frames between nodes carry for this group (0 to [`Self::MAX_CODE`]).
     pub fn code(self) -> u8 {
         match self {
             Self::World => 0,
@@ -76,6 +89,7 @@ impl Group {
         }
     }
 
+    /// The lower-case name used in errors, logs and traces (e.g. `"replica"`).
     pub fn name(self) -> &'static str {
         match self {
             Self::World => "world",
@@ -92,8 +106,11 @@ impl Group {
 /// The identity of one collective call: its kind, its group and the group's sequence number.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OpId {
+    /// The collective's kind.
     pub kind: OpKind,
+    /// The group the call spans.
     pub group: Group,
+    /// The call's sequence number in its group (the first call is 1).
     pub seq: u64,
 }
 

@@ -28,12 +28,19 @@ use tokio::time::{Instant, timeout_at};
 /// Control messages on the control stream of each connection.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Control {
+    /// A joiner's first message to the coordinator.
     Hello {
+        /// The protocol version the joiner speaks ([`PROTOCOL_VERSION`]).
         version: u32,
+        /// The node rank the joiner asks for, or `None` to be assigned one.
         node_rank: Option<usize>,
+        /// The node count the joiner was told.
         nnodes: usize,
+        /// The IP its endpoint listens on; unspecified or `None`: the address it dialled from.
         listen_ip: Option<IpAddr>,
+        /// The UDP port its endpoint listens on.
         listen_port: u16,
+        /// One device description per rank it hosts.
         devices: Vec<String>,
         /// QUIC connections per lane and peer ([`crate::QuicTuning::channels`]); every node
         /// must use the coordinator's.
@@ -43,20 +50,30 @@ pub enum Control {
         #[serde(default)]
         epoch: u64,
     },
+    /// The coordinator's answer to an accepted hello, once every node has joined.
     Welcome {
+        /// The node rank given to the joiner.
         node: usize,
+        /// The job's rank table.
         table: RankTable,
     },
+    /// The coordinator's answer to a hello it refuses (or to all, when the rendezvous fails).
     Refused {
+        /// Why, for the joiner's error message.
         reason: String,
     },
+    /// The first message on a mesh connection, from the dialling (higher) node.
     PeerHello {
+        /// The protocol version the dialling node speaks ([`PROTOCOL_VERSION`]).
         version: u32,
+        /// The dialling node's node rank.
         node: usize,
     },
     /// Sent to each higher node once this node's mesh stands (it accepts nothing else any
     /// more): that node may dial its lane links now.
     LanesReady,
+    /// Exchanged with every peer at shutdown (the lower node rank first, the higher answers),
+    /// so no data in flight is cut off when the connections close.
     Goodbye,
 }
 
@@ -66,9 +83,13 @@ fn one_channel() -> usize {
 
 /// An established link to another node, with its control stream.
 pub struct Peer {
+    /// The other node's node rank.
     pub node: usize,
+    /// The mesh connection to it.
     pub conn: Connection,
+    /// The sending half of the connection's control stream.
     pub ctrl_send: SendStream,
+    /// The receiving half of the connection's control stream.
     pub ctrl_recv: RecvStream,
 }
 
@@ -79,6 +100,8 @@ impl Peer {
     }
 }
 
+/// Writes control message `m` (length prefix and JSON) to `s`; the error says why the write
+/// failed.
 pub async fn send_control(s: &mut SendStream, m: &Control) -> Result<(), String> {
     s.write_all(&encode_control(m))
         .await
@@ -110,6 +133,8 @@ async fn open_bi_by(
     }
 }
 
+/// Reads one control message from `r`; fails when the stream fails, the length prefix is
+/// above [`crate::wire::MAX_CONTROL_LEN`] or the body does not decode.
 pub async fn recv_control(r: &mut RecvStream) -> Result<Control, String> {
     let mut p = [0u8; 4];
     r.read_exact(&mut p)

@@ -36,6 +36,8 @@ pub const SERVER_NAME: &str = "wiretrain";
 pub struct Token(Vec<u8>);
 
 impl Token {
+    /// Wraps the secret bytes as given (no check of its strength: see
+    /// [`Self::strength_bits`]).
     pub fn new(secret: impl Into<Vec<u8>>) -> Self {
         Self(secret.into())
     }
@@ -52,6 +54,7 @@ impl Token {
         )
     }
 
+    /// The secret bytes (the key material certificates are derived from); never log them.
     pub fn expose(&self) -> &[u8] {
         &self.0
     }

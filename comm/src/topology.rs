@@ -61,10 +61,12 @@ impl RankTable {
         Ok(Self { nodes })
     }
 
+    /// Every node, in node-rank order.
     pub fn nodes(&self) -> &[NodeInfo] {
         &self.nodes
     }
 
+    /// Number of nodes in the job.
     pub fn num_nodes(&self) -> usize {
         self.nodes.len()
     }

@@ -15,8 +15,11 @@ use crate::wire::{
 /// What the decoders made of some bytes.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Decoded {
+    /// The first [`FRAME_HEADER_LEN`] bytes decoded as a valid data frame header.
     pub frame: bool,
+    /// The first [`STREAM_HEADER_LEN`] bytes decoded as a valid stream header.
     pub stream: bool,
+    /// The bytes decoded as a length-prefixed control message within the length limit.
     pub control: bool,
     /// The control message passed the coordinator's hello check or a joiner's welcome check.
     pub accepted: bool,

@@ -16,7 +16,9 @@ use serde::{Serialize, de::DeserializeOwned};
 pub const MAGIC: u32 = 0x5754_524e;
 /// Bumped on any incompatible change; checked at rendezvous.
 pub const PROTOCOL_VERSION: u32 = 3;
+/// Bytes of an encoded [`FrameHeader`].
 pub const FRAME_HEADER_LEN: usize = 32;
+/// Bytes of an encoded [`StreamHeader`].
 pub const STREAM_HEADER_LEN: usize = 16;
 /// The largest payload one frame may carry.
 pub const MAX_FRAME_PAYLOAD: usize = 8 << 20;
@@ -29,14 +31,18 @@ pub const MAX_CONTROL_LEN: usize = 1 << 20;
 #[serde(rename_all = "lowercase")]
 #[repr(u8)]
 pub enum WireDtype {
+    /// 32-bit IEEE floats, sent as they are (4 bytes per element).
     F32 = 0,
+    /// IEEE half precision (2 bytes per element).
     F16 = 1,
+    /// bfloat16, the upper half of an f32 (2 bytes per element).
     Bf16 = 2,
     /// int8 codes with one f32 scale per block of [`crate::codec::INT8_BLOCK`] elements.
     Int8 = 3,
 }
 
 impl WireDtype {
+    /// Every wire dtype, in code order.
     pub const ALL: [WireDtype; 4] = [Self::F32, Self::F16, Self::Bf16, Self::Int8];
 
     /// Bytes one element takes on the wire, int8's f32 scale per block included (what the
@@ -98,6 +104,7 @@ pub struct FrameHeader {
     pub op: u8,
     /// The group the call spans (see `op::Group`): its sequence numbers are its own.
     pub group: u8,
+    /// The element type of the payload.
     pub dtype: WireDtype,
     /// The collective's sequence number in its process group.
     pub seq: u64,
@@ -110,6 +117,7 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// The header's [`FRAME_HEADER_LEN`] bytes on the wire (little-endian, after [`MAGIC`]).
     pub fn encode(&self) -> [u8; FRAME_HEADER_LEN] {
         let mut b = [0u8; FRAME_HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -178,6 +186,7 @@ impl FrameHeader {
         Ok(())
     }
 
+    /// A one-line description of every field, for error messages.
     pub fn describe(&self) -> String {
         format!(
             "op {} group {} seq {} step {} chunk {} ({} bytes {:?})",
@@ -189,11 +198,15 @@ impl FrameHeader {
 /// The first bytes of every lane stream: who opened it and for which lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StreamHeader {
+    /// The link the stream belongs to: lane × channels per lane + channel.
     pub lane: u32,
+    /// The node rank of the node that opened the stream.
     pub from_node: u32,
 }
 
 impl StreamHeader {
+    /// The header's [`STREAM_HEADER_LEN`] bytes on the wire: [`MAGIC`],
+    /// [`PROTOCOL_VERSION`], lane and node, each a little-endian u32.
     pub fn encode(&self) -> [u8; STREAM_HEADER_LEN] {
         let mut b = [0u8; STREAM_HEADER_LEN];
         b[0..4].copy_from_slice(&MAGIC.to_le_bytes());
@@ -203,6 +216,7 @@ impl StreamHeader {
         b
     }
 
+    /// Decodes a header; fails on a wrong magic or another protocol version.
     pub fn decode(b: &[u8; STREAM_HEADER_LEN]) -> Result<Self, WireError> {
         let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
         if magic != MAGIC {

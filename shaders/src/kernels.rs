@@ -16,17 +16,24 @@ const MAX_GROUPS: u32 = 65_535;
 /// A 16-bit float format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Half {
+    /// IEEE half precision.
     F16,
+    /// bfloat16 (the upper 16 bits of an f32).
     Bf16,
 }
 
 /// Hyper-parameters of one AdamW step (Burn's AdamW semantics).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AdamWHyper {
+    /// Learning rate.
     pub lr: f64,
+    /// Decay rate of the first moment estimate.
     pub beta1: f32,
+    /// Decay rate of the second moment estimate.
     pub beta2: f32,
+    /// Added to the denominator for numerical stability.
     pub eps: f32,
+    /// Decoupled weight decay: each step scales the parameters by `1 - lr * weight_decay`.
     pub weight_decay: f32,
 }
 
@@ -48,13 +55,19 @@ impl Default for AdamWHyper {
 pub struct Counters {
     /// Staging buffers created for reads and writes (a fixed ring, reused by every call).
     pub staging_buffers: u64,
-    /// Reads and writes through the staging rings (of any buffer, Burn's tensors' too).
+    /// Reads through the staging rings (of any buffer, Burn's tensors' too).
     pub staging_reads: u64,
+    /// Writes through the staging rings (of any buffer, Burn's tensors' too).
     pub staging_writes: u64,
+    /// Calls of [`Kernels::cast_to_half`] and [`Kernels::cast_from_half`].
     pub cast: u64,
+    /// Calls of [`Kernels::reduce`].
     pub reduce: u64,
+    /// Calls of [`Kernels::adamw_step`].
     pub adamw: u64,
+    /// Calls of [`Kernels::quantize_int8`].
     pub quantize: u64,
+    /// Calls of [`Kernels::dequantize_int8`].
     pub dequantize: u64,
 }
 
@@ -92,9 +105,11 @@ impl AdamWShard {
     pub fn v(&self) -> &GpuBuf {
         &self.v
     }
+    /// Elements in the shard.
     pub fn len(&self) -> usize {
         self.n
     }
+    /// Whether the shard has no element.
     pub fn is_empty(&self) -> bool {
         self.n == 0
     }
@@ -108,9 +123,12 @@ pub struct GpuBuf {
 }
 
 impl GpuBuf {
+    /// The buffer's size in 4-byte words, as requested (the allocation is rounded up to
+    /// whole vec4s).
     pub fn words(&self) -> usize {
         self.words
     }
+    /// The underlying wgpu buffer.
     pub fn buffer(&self) -> &wgpu::Buffer {
         &self.buffer
     }
@@ -270,18 +288,24 @@ impl Kernels {
         self.staging.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Elements per dispatch chunk: buffers larger than this are processed in chunks, each
+    /// bound as a sub-range.
     pub fn chunk_elems(&self) -> usize {
         self.chunk
     }
 
+    /// The description of the device given to [`Self::new`] (backend, adapter name and type
+    /// for [`Self::standalone`]).
     pub fn description(&self) -> &str {
         &self.description
     }
 
+    /// The wgpu device the kernels run on.
     pub fn device(&self) -> &wgpu::Device {
         &self.device
     }
 
+    /// How many times each kernel has run so far, and the staging rings' counts.
     pub fn counters(&self) -> Counters {
         let c = &self.counters;
         let (staging_buffers, staging_reads, staging_writes) = {

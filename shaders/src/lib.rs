@@ -21,6 +21,8 @@
 //! Burn writes needs Burn's pending work flushed first (wiretrain's trainer hands kernels host
 //! data it uploaded itself, so nothing is shared).
 
+#![warn(missing_docs, unreachable_pub)]
+
 mod kernels;
 mod staging;
 
@@ -29,26 +31,45 @@ pub use kernels::{AdamWHyper, AdamWShard, Counters, GpuBuf, Half, Kernels};
 /// What can go wrong running a kernel.
 #[derive(Debug, thiserror::Error)]
 pub enum ShaderError {
+    /// [`Kernels::standalone`] found no Vulkan, Metal or DX12 adapter.
     #[error("no wgpu adapter: {0}")]
     NoAdapter(String),
+    /// [`Kernels::standalone`]'s adapter refused to create a device.
     #[error("requesting a wgpu device: {0}")]
     Device(#[from] wgpu::RequestDeviceError),
+    /// Waiting for submitted work on the device failed.
     #[error("waiting for the device: {0}")]
     Poll(#[from] wgpu::PollError),
+    /// A staging or read-back buffer could not be mapped.
     #[error("reading a buffer back: {0}")]
     Map(#[from] wgpu::BufferAsyncError),
+    /// The mapped range of a staging or read-back buffer could not be accessed; holds wgpu's
+    /// error.
     #[error("mapping a read-back buffer: {0}")]
     MapRange(String),
+    /// A buffer holds fewer words than the call reads or writes.
     #[error("{what}: buffer holds {have} words, {need} needed")]
     TooSmall {
+        /// Which buffer of the call (e.g. "cast source", "write").
         what: &'static str,
+        /// Words the buffer holds.
         have: usize,
+        /// Words the call needs.
         need: usize,
     },
+    /// Host data's length (or a raw copy's byte offset) is not a multiple of 4 bytes; holds
+    /// the data's length in bytes.
     #[error("{0} bytes is not a whole number of 4-byte words")]
     Unaligned(usize),
+    /// [`Kernels::reduce`] was given its output buffer among its inputs.
     #[error("the reduce output is also one of its inputs")]
     Aliased,
+    /// A buffer to create is larger than the device allows.
     #[error("{bytes} bytes exceed the device's largest buffer ({max} bytes)")]
-    TooLarge { bytes: u64, max: u64 },
+    TooLarge {
+        /// The buffer's size, in bytes.
+        bytes: u64,
+        /// The device's `max_buffer_size`, in bytes.
+        max: u64,
+    },
 }

@@ -17,9 +17,9 @@ use std::collections::VecDeque;
 use std::sync::mpsc;
 
 /// Bytes per staging chunk by default.
-pub const DEFAULT_CHUNK_BYTES: u64 = 8 << 20;
+pub(crate) const DEFAULT_CHUNK_BYTES: u64 = 8 << 20;
 /// Chunks in flight per direction by default.
-pub const DEFAULT_SLOTS: usize = 3;
+pub(crate) const DEFAULT_SLOTS: usize = 3;
 
 type Mapped = mpsc::Receiver<Result<(), wgpu::BufferAsyncError>>;
 

@@ -19,9 +19,13 @@ use std::ops::Range;
 /// the element type they carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameCall {
+    /// The collective's kind code ([`crate::op::OpKind::code`]).
     pub op: u8,
+    /// The group's code ([`crate::op::Group::code`]).
     pub group: u8,
+    /// The call's sequence number in its group.
     pub seq: u64,
+    /// The element type the frames carry.
     pub dtype: WireDtype,
 }
 
@@ -42,7 +46,9 @@ impl FrameCall {
 /// A frame to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SendFrame {
+    /// The elements of the buffer the frame carries.
     pub range: Range<usize>,
+    /// The exact header it is sent with.
     pub header: FrameHeader,
     /// Received frames (counted from the start of the pass) that must have landed first.
     pub after: usize,
@@ -54,8 +60,11 @@ pub struct SendFrame {
 /// A frame to receive.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecvFrame {
+    /// The elements of the buffer the frame lands in.
     pub range: Range<usize>,
+    /// The exact header expected.
     pub header: FrameHeader,
+    /// Whether the decoded payload is added to the range (a reduction) or overwrites it.
     pub apply: Apply,
 }
 
@@ -69,7 +78,9 @@ impl RecvFrame {
 /// The frames of one ring pass on one node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RingFrames {
+    /// Every frame this node sends, in sending order.
     pub sends: Vec<SendFrame>,
+    /// Every frame this node receives, in the order it expects them.
     pub recvs: Vec<RecvFrame>,
 }
 

@@ -11,6 +11,8 @@
 use crate::topology::{RankTable, split};
 use std::ops::Range;
 
+/// Which elements of a collective's buffer each rank (`chunk`) and each lane of each node
+/// (`piece`) handles; see the module docs.
 #[derive(Debug, Clone)]
 pub struct Layout {
     len: usize,
@@ -20,6 +22,7 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// The layout of a call over `len` elements on every rank of `table`.
     pub fn new(table: &RankTable, len: usize) -> Self {
         let chunks = split(0..len, table.world());
         let lanes = table.lanes();
@@ -50,22 +53,27 @@ impl Layout {
         }
     }
 
+    /// Elements in the buffer.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the buffer has no element.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
+    /// Lanes (pieces per node).
     pub fn lanes(&self) -> usize {
         self.pieces[0].len()
     }
 
+    /// Rank `rank`'s shard of the buffer (global rank; local rank for [`Self::one_node`]).
     pub fn chunk(&self, rank: usize) -> Range<usize> {
         self.chunks[rank].clone()
     }
 
+    /// Lane `lane`'s part of node `node`'s block.
     pub fn piece(&self, node: usize, lane: usize) -> Range<usize> {
         self.pieces[node][lane].clone()
     }

@@ -58,9 +58,13 @@ pub enum Single {
 /// The phases of one kind of collective.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Program {
+    /// Inside the node, before the lanes run (several nodes).
     pub pre: Pre,
+    /// Between nodes, on each lane (several nodes).
     pub lanes: Lanes,
+    /// Inside the node, after the lanes (several nodes).
     pub post: Post,
+    /// The whole collective when the call's group has one node.
     pub single: Single,
 }
 

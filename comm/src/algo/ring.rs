@@ -20,8 +20,11 @@ pub enum RecvMode {
 /// previous one. A step's send of a piece never overlaps its receive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RingStep {
+    /// The index of the piece sent to the next position.
     pub send: usize,
+    /// The index of the piece received from the previous position.
     pub recv: usize,
+    /// Whether the received piece is added or copied in.
     pub mode: RecvMode,
 }
 

@@ -19,10 +19,13 @@ use std::sync::Arc;
 /// One rank's view of a group: the group as a rank table, and where the rank sits in it.
 #[derive(Debug, Clone)]
 pub struct Scope {
+    /// The group viewed.
     pub group: Group,
+    /// The group as a rank table (its nodes, its ranks on each).
     pub table: RankTable,
-    /// This rank's node and local rank in `table`.
+    /// This rank's node in `table`.
     pub node: usize,
+    /// This rank's local rank on its node in `table`.
     pub local: usize,
     /// For a one-node scope (the node group): the shards a reduce-scatter cuts into.
     shards: Option<usize>,
@@ -103,6 +106,7 @@ impl Scope {
 pub struct Scopes([Option<Arc<Scope>>; 3]);
 
 impl Scopes {
+    /// The views of every group from local rank `local` of node `node` in `world`.
     pub fn of(world: &RankTable, node: usize, local: usize) -> Self {
         Self(Group::ALL.map(|g| Scope::of(g, world, node, local).map(Arc::new)))
     }

@@ -11,9 +11,13 @@ use std::net::{SocketAddr, ToSocketAddrs};
 pub struct EnvRendezvous {
     /// Where the variables came from ("torchrun" or "slurm").
     pub source: &'static str,
+    /// The coordinator's host: `MASTER_ADDR`, or the first host of `SLURM_JOB_NODELIST`.
     pub master_host: String,
+    /// The coordinator's port: `MASTER_PORT`, else [`Self::DEFAULT_PORT`].
     pub master_port: u16,
+    /// Number of nodes (`NNODES`, `WORLD_SIZE` or `SLURM_NNODES`).
     pub nnodes: usize,
+    /// This node's node rank (`NODE_RANK`, `GROUP_RANK` or `SLURM_NODEID`), below `nnodes`.
     pub node_rank: usize,
 }
 
@@ -150,7 +154,7 @@ fn one_process_per_node(get: &impl Fn(&str) -> Option<String>) -> Result<(), Con
 
 /// The largest count of Slurm's tasks-per-node list (`2(x3),1` -> 2); `None` when it does
 /// not parse.
-pub fn most_tasks_per_node(list: &str) -> Option<usize> {
+pub(crate) fn most_tasks_per_node(list: &str) -> Option<usize> {
     list.split(',')
         .map(|part| {
             let count = part.split('(').next().unwrap_or(part);

@@ -122,9 +122,11 @@ impl Node {
         })
     }
 
+    /// This node's node rank (0 hosts the coordinator).
     pub fn node(&self) -> usize {
         self.node
     }
+    /// The job's rank table, as agreed at rendezvous.
     pub fn table(&self) -> &RankTable {
         &self.table
     }

@@ -15,17 +15,22 @@ pub struct LinkStats {
     /// UDP payload bytes per datagram that path-MTU discovery has settled on (the smallest of
     /// the connections).
     pub mtu: u16,
+    /// QUIC packets sent (summed over the connections).
     pub sent_packets: u64,
+    /// QUIC packets declared lost (summed over the connections).
     pub lost_packets: u64,
+    /// Times the congestion controller cut its window (summed over the connections).
     pub congestion_events: u64,
-    /// Datagrams sent and the system calls that sent them (more datagrams than calls: segment
-    /// offload batched them).
+    /// Datagrams sent (summed over the connections).
     pub udp_tx_datagrams: u64,
+    /// The system calls that sent [`Self::udp_tx_datagrams`] (more datagrams than calls:
+    /// segment offload batched them).
     pub udp_tx_ios: u64,
-    /// Datagrams received. quinn counts a receive "io" per datagram it processes, not per
-    /// system call, so the two receive counters match even when the kernel coalesced datagrams
-    /// (GRO); the kernel's own count is `InDatagrams` in `/proc/net/snmp`.
+    /// Datagrams received (summed over the connections).
     pub udp_rx_datagrams: u64,
+    /// Receive "ios" as quinn counts them: one per datagram it processes, not per system
+    /// call, so this matches [`Self::udp_rx_datagrams`] even when the kernel coalesced
+    /// datagrams (GRO); the kernel's own count is `InDatagrams` in `/proc/net/snmp`.
     pub udp_rx_ios: u64,
 }
 

@@ -14,9 +14,13 @@ pub const MAX_RANKS_PER_NODE: usize = 1024;
 /// A joiner's hello that passed [`check_hello`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AcceptedHello {
+    /// The node rank the joiner asked for (free, not 0), or `None` to be assigned one.
     pub node_rank: Option<usize>,
+    /// The IP the joiner says it listens on, if any.
     pub listen_ip: Option<IpAddr>,
+    /// The UDP port the joiner listens on.
     pub listen_port: u16,
+    /// One device description per rank (1..=[`MAX_RANKS_PER_NODE`] of them).
     pub devices: Vec<String>,
 }
 
@@ -80,6 +84,7 @@ pub fn check_hello(
 /// What a joiner expects of the coordinator's welcome.
 #[derive(Debug, Clone)]
 pub struct Expect<'a> {
+    /// The node count this node was told.
     pub nnodes: usize,
     /// The ranks this node asked to host.
     pub ranks: usize,
@@ -95,7 +100,10 @@ pub enum BadWelcome {
     /// The table does not fit this node (count, index, ranks).
     Inconsistent(String),
     /// The coordinator is not the table's node 0.
-    CoordinatorCert { expected: String },
+    CoordinatorCert {
+        /// The fingerprint the table gives node 0.
+        expected: String,
+    },
     /// The table names another certificate for this node.
     OwnCert,
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 /// What each rank publishes at the start of a collective; all ranks must agree on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Call {
+pub(crate) struct Call {
     pub seq: u64,
     pub op: u8,
     /// The group the call spans (`op::Group::code`): its sequence numbers are its own.
@@ -46,7 +46,7 @@ const LEAVE_GRACE: Duration = Duration::from_millis(500);
 
 /// Why a barrier wait failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BarrierError {
+pub(crate) enum BarrierError {
     /// Local rank `rank` aborted the node with `reason`.
     Aborted { rank: usize, reason: String },
     /// The wait exceeded its timeout; `missing` are the local ranks that had not arrived.
@@ -65,7 +65,7 @@ struct BarrierState {
 }
 
 /// The shared state of the ranks of one node.
-pub struct NodeShared {
+pub(crate) struct NodeShared {
     ranks: usize,
     slots: Mutex<Vec<Option<Slot>>>,
     state: Mutex<BarrierState>,
@@ -77,7 +77,7 @@ pub struct NodeShared {
 }
 
 impl NodeShared {
-    pub fn new(ranks: usize) -> Self {
+    pub(crate) fn new(ranks: usize) -> Self {
         Self {
             ranks,
             slots: Mutex::new(vec![None; ranks]),
@@ -97,7 +97,7 @@ impl NodeShared {
     /// rank that could still reach it through a slot holds this state, so it is freed only
     /// when none of them can (a heal's teardown of the node's groups frees the failed step's
     /// buffers; before, each heal leaked them for good).
-    pub fn park(&self, buf: Vec<f32>) {
+    pub(crate) fn park(&self, buf: Vec<f32>) {
         self.parked
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -105,7 +105,7 @@ impl NodeShared {
     }
 
     /// Waits until all local ranks arrive, the barrier is aborted, or `timeout` passes.
-    pub fn barrier(&self, rank: usize, timeout: Duration) -> Result<(), BarrierError> {
+    pub(crate) fn barrier(&self, rank: usize, timeout: Duration) -> Result<(), BarrierError> {
         if self.ranks == 1 {
             return self.check_aborted();
         }
@@ -194,21 +194,21 @@ impl NodeShared {
     }
 
     /// Which local rank poisoned the node, and why (`None` while it is healthy).
-    pub fn aborted(&self) -> Option<(usize, String)> {
+    pub(crate) fn aborted(&self) -> Option<(usize, String)> {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.aborted.clone()
     }
 
     /// Local rank `rank` left the job: a barrier that waits for it fails at once (barriers it
     /// already passed, and ranks that finish cleanly, are unaffected).
-    pub fn leave(&self, rank: usize, reason: String) {
+    pub(crate) fn leave(&self, rank: usize, reason: String) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.left[rank] = Some(reason);
         self.cv.notify_all();
     }
 
     /// Poisons the node: every current and future barrier wait fails with this reason.
-    pub fn abort(&self, rank: usize, reason: String) {
+    pub(crate) fn abort(&self, rank: usize, reason: String) {
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         if st.aborted.is_none() {
             st.aborted = Some((rank, reason));
@@ -218,19 +218,19 @@ impl NodeShared {
 
     /// Publishes `rank`'s buffer for the current collective.
     #[cfg(test)]
-    pub fn publish(&self, rank: usize, buf: &mut [f32], call: Call) {
+    pub(crate) fn publish(&self, rank: usize, buf: &mut [f32], call: Call) {
         self.publish_raw(rank, buf.as_mut_ptr(), buf.len(), call);
     }
 
     /// Publishes a raw buffer; the caller keeps it alive and accesses it only through the
     /// same pointer until the collective's last barrier (or, on failure, parks it: [`park`](Self::park)).
-    pub fn publish_raw(&self, rank: usize, ptr: *mut f32, len: usize, call: Call) {
+    pub(crate) fn publish_raw(&self, rank: usize, ptr: *mut f32, len: usize, call: Call) {
         let mut s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         s[rank] = Some(Slot { ptr, len, call });
     }
 
     /// After the first barrier: the published buffers, checked to belong to the same call.
-    pub fn peers(&self, me: usize) -> Result<Peers, String> {
+    pub(crate) fn peers(&self, me: usize) -> Result<Peers, String> {
         let s = self.slots.lock().unwrap_or_else(|p| p.into_inner());
         let mine = s[me].expect("own slot published before peers()");
         let mut out = Vec::with_capacity(self.ranks);
@@ -249,13 +249,13 @@ impl NodeShared {
 }
 
 /// The buffers of all local ranks during one collective.
-pub struct Peers {
+pub(crate) struct Peers {
     bufs: Vec<(*mut f32, usize)>,
 }
 
 impl Peers {
     /// The calling rank's own buffer alone (a call of a group with one rank on this node).
-    pub fn solo(ptr: *mut f32, len: usize) -> Self {
+    pub(crate) fn solo(ptr: *mut f32, len: usize) -> Self {
         Self {
             bufs: vec![(ptr, len)],
         }
@@ -265,7 +265,7 @@ impl Peers {
     ///
     /// # Safety
     /// No other rank may write these elements until the next barrier (module rule 1).
-    pub unsafe fn read(&self, rank: usize, r: Range<usize>) -> &[f32] {
+    pub(crate) unsafe fn read(&self, rank: usize, r: Range<usize>) -> &[f32] {
         let (p, len) = self.bufs[rank];
         assert!(r.end <= len, "range {r:?} outside buffer of {len}");
         // SAFETY: in bounds (checked); aliasing guaranteed by the caller.
@@ -278,7 +278,7 @@ impl Peers {
     /// Only the calling rank writes these elements and no other rank reads them until the
     /// next barrier (module rule 1).
     #[allow(clippy::mut_from_ref)]
-    pub unsafe fn write(&self, rank: usize, r: Range<usize>) -> &mut [f32] {
+    pub(crate) unsafe fn write(&self, rank: usize, r: Range<usize>) -> &mut [f32] {
         let (p, len) = self.bufs[rank];
         assert!(r.end <= len, "range {r:?} outside buffer of {len}");
         // SAFETY: in bounds (checked); exclusivity guaranteed by the caller.

@@ -16,9 +16,13 @@ use std::sync::Arc;
 
 /// Application error codes used when closing connections.
 pub mod close_code {
+    /// A clean close: shutdown after the goodbye.
     pub const DONE: u32 = 0;
+    /// This node failed, or exited without shutdown; the close reason says why.
     pub const FAILED: u32 = 1;
+    /// The peer broke the protocol (an unexpected frame, header or hello).
     pub const PROTOCOL: u32 = 2;
+    /// The peer was refused admission (rendezvous refusal, unknown certificate).
     pub const REFUSED: u32 = 3;
 }
 
@@ -84,11 +88,11 @@ pub fn endpoint(
     Endpoint::new_with_abstract_socket(ep_cfg, Some(server), sock, runtime).map_err(bind_err)
 }
 
-/// The transport parameters both sides use.
 /// How long a lane whose stream the peer ended waits for the peer's connection close (and the
 /// reason it carries) before it reports the stream error itself.
 const CLOSE_REASON_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
+/// The transport parameters both sides use.
 pub fn transport_config(t: &QuicTuning) -> quinn::TransportConfig {
     let mut c = quinn::TransportConfig::default();
     c.stream_receive_window(VarInt::from_u64(t.stream_window).unwrap_or(VarInt::MAX))

@@ -30,11 +30,11 @@ unsafe impl Sync for RawBuf {}
 impl RawBuf {
     /// # Safety
     /// `ptr..ptr+len` must stay valid for as long as the `RawBuf` is used.
-    pub unsafe fn from_raw(ptr: *mut f32, len: usize) -> Self {
+    pub(crate) unsafe fn from_raw(ptr: *mut f32, len: usize) -> Self {
         Self { ptr, len }
     }
 
-    pub fn new(buf: &mut [f32]) -> Self {
+    pub(crate) fn new(buf: &mut [f32]) -> Self {
         Self {
             ptr: buf.as_mut_ptr(),
             len: buf.len(),
@@ -73,7 +73,7 @@ impl LaneProgress {
     }
 
     /// (step, chunk, node) of the frame the lane waits for.
-    pub fn waiting(&self) -> (u64, u64, usize) {
+    pub(crate) fn waiting(&self) -> (u64, u64, usize) {
         (
             self.recv_step.load(Ordering::Relaxed),
             self.recv_chunk.load(Ordering::Relaxed),
@@ -101,7 +101,7 @@ pub(crate) struct LaneCtx {
 
 impl LaneCtx {
     /// Human description of a peer node.
-    pub fn describe(&self, node: usize) -> String {
+    pub(crate) fn describe(&self, node: usize) -> String {
         self.names
             .get(&node)
             .cloned()
@@ -139,7 +139,7 @@ pub(crate) struct RingJob<'a> {
 }
 
 impl LaneLinks {
-    pub fn new(lane: usize, frame_bytes: usize, channels: usize) -> Self {
+    pub(crate) fn new(lane: usize, frame_bytes: usize, channels: usize) -> Self {
         let progress: Arc<LaneProgress> = Arc::default();
         let sent: Arc<AtomicU64> = Arc::default();
         let channels = channels.max(1);
@@ -160,12 +160,12 @@ impl LaneLinks {
     }
 
     /// Names `node` for messages (at set-up).
-    pub fn add_peer(&mut self, node: usize, desc: String) {
+    pub(crate) fn add_peer(&mut self, node: usize, desc: String) {
         Arc::make_mut(&mut self.ctx.names).insert(node, desc);
     }
 
     /// Channel `chan`'s connection and streams to and from `node` (at set-up).
-    pub fn add_link(
+    pub(crate) fn add_link(
         &mut self,
         chan: usize,
         node: usize,
@@ -182,32 +182,36 @@ impl LaneLinks {
     /// The raw send stream of channel 0 of this lane to `node`, bypassing framing. Only for
     /// tests that play a misbehaving peer.
     #[doc(hidden)]
-    pub fn raw_send(&mut self, node: usize) -> Option<&mut SendStream> {
+    pub(crate) fn raw_send(&mut self, node: usize) -> Option<&mut SendStream> {
         self.chans.first_mut()?.send.get_mut(&node)
     }
 
     /// The connection of channel 0 of this lane to `node` (misbehaving-peer tests).
     #[doc(hidden)]
-    pub fn raw_conn(&self, node: usize) -> Option<&Connection> {
+    pub(crate) fn raw_conn(&self, node: usize) -> Option<&Connection> {
         self.chans.first()?.conns.get(&node)
     }
 
     /// Every connection of this lane, with its peer node.
-    pub fn conns(&self) -> impl Iterator<Item = (usize, &Connection)> {
+    pub(crate) fn conns(&self) -> impl Iterator<Item = (usize, &Connection)> {
         self.chans
             .iter()
             .flat_map(|c| c.conns.iter().map(|(n, c)| (*n, c)))
     }
 
     /// Human description of a peer node.
-    pub fn describe(&self, node: usize) -> String {
+    pub(crate) fn describe(&self, node: usize) -> String {
         self.ctx.describe(node)
     }
 
     /// Executes a ring step list by `deadline`: sends to `next`, receives from `prev`, each
     /// channel its slice of every piece. What to send and expect, and when a send may go, is
     /// `algo::frames`; the channels only move bytes.
-    pub async fn ring(&mut self, job: RingJob<'_>, deadline: Instant) -> Result<(), LaneError> {
+    pub(crate) async fn ring(
+        &mut self,
+        job: RingJob<'_>,
+        deadline: Instant,
+    ) -> Result<(), LaneError> {
         let k = self.channels;
         let per = self.frame_elems;
         let plan = |c: usize| {
@@ -248,7 +252,7 @@ impl LaneLinks {
     /// channel, `algo::frames`): receive each frame from `from` (unless this node is the
     /// root), then forward it to `to` (unless last).
     #[allow(clippy::too_many_arguments)]
-    pub async fn chain(
+    pub(crate) async fn chain(
         &mut self,
         buf: RawBuf,
         pieces: &[Range<usize>],
