@@ -139,20 +139,41 @@ fn measure(
         .collect();
     let host: Vec<f32> = (0..elems).map(|i| i as f32).collect();
     device.sync()?;
-    let mut rows = Vec::new();
-    let mut row = |op, path, t| {
-        rows.push(Row {
+    let mut timed = Vec::new();
+    measure_many(device, &parts, &host, rounds, &mut timed)?;
+    measure_whole(device, &parts, &host, rounds, &mut timed)?;
+    if let Some(k) = &rd.kernels {
+        measure_staging(k, &host, rounds, &mut timed)?;
+    }
+    Ok(timed
+        .into_iter()
+        .map(|(op, path, t)| Row {
             op,
             path,
             bytes: 4 * elems,
             t,
         })
-    };
+        .collect())
+}
+
+/// What one path took: (op, path, time per round).
+type Timed = Vec<(&'static str, &'static str, Duration)>;
+
+/// The `parts` read and written one tensor at a time (Burn) against the engine's batched
+/// read and single upload.
+fn measure_many(
+    device: &Device,
+    parts: &[Tensor<1>],
+    host: &[f32],
+    rounds: usize,
+    timed: &mut Timed,
+) -> Res<()> {
+    let mut row = |op, path, t| timed.push((op, path, t));
     row(
         "d2h",
         "per-tensor",
         time(rounds, || {
-            for t in &parts {
+            for t in parts {
                 t.clone().try_into_data()?;
             }
             Ok(())
@@ -162,7 +183,7 @@ fn measure(
         "d2h",
         "engine",
         time(rounds, || {
-            transfer::read_many(parts.clone())?;
+            transfer::read_many(parts.to_vec())?;
             Ok(())
         })?,
     );
@@ -171,7 +192,7 @@ fn measure(
         "per-tensor",
         time(rounds, || {
             let mut at = 0;
-            for t in &parts {
+            for t in parts {
                 let len = t.dims()[0];
                 let d = TensorData::new(host[at..at + len].to_vec(), [len]);
                 drop(Tensor::<1>::from_data(d, device));
@@ -185,14 +206,26 @@ fn measure(
         "h2d",
         "engine",
         time(rounds, || {
-            drop(transfer::upload(host.clone(), device));
+            drop(transfer::upload(host.to_vec(), device));
             device.sync()?;
             Ok(())
         })?,
     );
-    // One tensor of the whole size: Burn's own read and upload against wiretrain's (through
-    // the staging ring on a wgpu device, straight from and into the tensor's storage).
-    let whole = Tensor::cat(parts.clone(), 0);
+    Ok(())
+}
+
+/// One tensor of the whole size: Burn's own read and upload against wiretrain's.
+fn measure_whole(
+    device: &Device,
+    parts: &[Tensor<1>],
+    host: &[f32],
+    rounds: usize,
+    timed: &mut Timed,
+) -> Res<()> {
+    let elems = host.len();
+    let mut row = |op, path, t| timed.push((op, path, t));
+    // Through the staging ring on a wgpu device, straight from and into the tensor's storage.
+    let whole = Tensor::cat(parts.to_vec(), 0);
     let fresh = |i: usize| whole.clone() + i as f32;
     row(
         "d2h",
@@ -215,7 +248,7 @@ fn measure(
         "h2d",
         "burn-1-tensor",
         time(rounds, || {
-            let d = TensorData::new(host.clone(), [elems]);
+            let d = TensorData::new(host.to_vec(), [elems]);
             drop(Tensor::<1>::from_data(d, device));
             device.sync()?;
             Ok(())
@@ -225,48 +258,58 @@ fn measure(
         "h2d",
         "ring-1-tensor",
         time(rounds, || {
-            drop(transfer::upload(host.clone(), device));
+            drop(transfer::upload(host.to_vec(), device));
             device.sync()?;
             Ok(())
         })?,
     );
-    if let Some(k) = &rd.kernels {
-        let buf = k.upload(&host)?;
-        let mut out = vec![0.0f32; elems];
-        row(
-            "d2h",
-            "fresh-staging",
-            time(rounds, || {
-                k.read_unstaged::<f32>(&buf, elems)?;
-                Ok(())
-            })?,
-        );
-        row(
-            "d2h",
-            "staging-ring",
-            time(rounds, || {
-                k.read_into(&buf, &mut out)?;
-                Ok(())
-            })?,
-        );
-        row(
-            "h2d",
-            "fresh-staging",
-            time(rounds, || {
-                k.write_unstaged(&buf, &host)?;
-                k.sync()?;
-                Ok(())
-            })?,
-        );
-        row(
-            "h2d",
-            "staging-ring",
-            time(rounds, || {
-                k.write(&buf, &host)?;
-                k.sync()?;
-                Ok(())
-            })?,
-        );
-    }
-    Ok(rows)
+    Ok(())
+}
+
+/// The device's own buffers: a staging buffer made per call against the persistent ring.
+fn measure_staging(
+    k: &wiretrain_shaders::Kernels,
+    host: &[f32],
+    rounds: usize,
+    timed: &mut Timed,
+) -> Res<()> {
+    let elems = host.len();
+    let mut row = |op, path, t| timed.push((op, path, t));
+    let buf = k.upload(host)?;
+    let mut out = vec![0.0f32; elems];
+    row(
+        "d2h",
+        "fresh-staging",
+        time(rounds, || {
+            k.read_unstaged::<f32>(&buf, elems)?;
+            Ok(())
+        })?,
+    );
+    row(
+        "d2h",
+        "staging-ring",
+        time(rounds, || {
+            k.read_into(&buf, &mut out)?;
+            Ok(())
+        })?,
+    );
+    row(
+        "h2d",
+        "fresh-staging",
+        time(rounds, || {
+            k.write_unstaged(&buf, host)?;
+            k.sync()?;
+            Ok(())
+        })?,
+    );
+    row(
+        "h2d",
+        "staging-ring",
+        time(rounds, || {
+            k.write(&buf, host)?;
+            k.sync()?;
+            Ok(())
+        })?,
+    );
+    Ok(())
 }

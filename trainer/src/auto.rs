@@ -27,12 +27,16 @@ use wiretrain_comm::{CallOpts, Group, Node, NodeConfig, ProcessGroup, ReduceOp, 
 /// What went wrong while choosing.
 #[derive(Debug, thiserror::Error)]
 pub enum AutoError {
+    /// The compute measurement's steps failed.
     #[error("measuring the compute rate: {0}")]
     Compute(#[from] TrainError),
+    /// A collective of the measurement failed.
     #[error("measuring the wiring: {0}")]
     Comm(#[from] wiretrain_comm::Error),
+    /// Rank 0's broadcast record did not parse (the JSON error).
     #[error("rank 0's measurements did not decode: {0}")]
     Record(String),
+    /// The measured figures are not plannable, or no strategy fits; says why.
     #[error("--strategy auto: {0}")]
     NothingFits(String),
 }
@@ -62,13 +66,15 @@ pub struct Measured {
     pub step_s: f64,
     /// That step by the planner's model: 6·Ψ·tokens per rank / step.
     pub tflops: f64,
-    /// Between nodes (absent on one node): the node's Gbit/s per direction (all its lanes),
-    /// and µs per message.
+    /// Between nodes (absent on one node): the node's Gbit/s per direction (all its lanes).
     pub inter_gbps: Option<f64>,
+    /// Between nodes (absent on one node): µs per message.
     pub inter_latency_us: Option<f64>,
-    /// Inside the node: the copy rate of shared host buffers, and a node collective's latency.
+    /// Inside the node: the copy rate of shared host buffers, Gbit/s.
     pub intra_gbps: f64,
+    /// Inside the node: a node collective's latency, µs.
     pub intra_latency_us: f64,
+    /// Bytes of memory per device, as the workload gave it (`None`: unknown).
     pub device_mem: Option<f64>,
     /// Seconds the measurements took (rank 0's wiring; the binary adds the compute
     /// measurement, on the rank that reports), not counting the warm-up step.
@@ -82,6 +88,7 @@ pub struct Measured {
 /// The strategy `--strategy auto` trains with, and why.
 #[derive(Debug, Clone, Serialize)]
 pub struct Pick {
+    /// The strategy picked (under DiLoCo, its inner strategy).
     pub strategy: Strategy,
     /// DiLoCo's inner steps, when the pick is a DiLoCo row.
     pub diloco_inner_steps: Option<u64>,
@@ -91,6 +98,7 @@ pub struct Pick {
     pub reason: String,
     /// Every row the planner made, the pick's `recommended`.
     pub plans: Vec<StrategyPlan>,
+    /// The figures the plans were made from.
     pub measured: Measured,
 }
 
@@ -116,7 +124,9 @@ impl Pick {
 /// would otherwise do), in seconds.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ComputeStep {
+    /// The median whole step, seconds.
     pub step_s: f64,
+    /// The warm-up step, seconds.
     pub warmup_s: f64,
 }
 
@@ -352,8 +362,9 @@ pub struct Drift {
 /// A re-plan after drift: what was measured against what was predicted, and the new plan.
 #[derive(Debug, Clone, Serialize)]
 pub struct Replan {
-    /// The median of the drifting steps and the plan's prediction for the run's row, seconds.
+    /// The median of the drifting steps, seconds.
     pub measured_step_s: f64,
+    /// The plan's prediction of a step for the run's row, seconds.
     pub predicted_step_s: f64,
     /// The plan from the steps' measurements; its `name` is what the planner would now pick.
     pub pick: Pick,

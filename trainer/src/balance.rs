@@ -69,6 +69,8 @@ pub struct SpeedBalancer {
 }
 
 impl SpeedBalancer {
+    /// A balancer for a global batch of `global` samples; equal shares until it has seen
+    /// enough steps.
     pub fn new(global: usize) -> Self {
         Self {
             global,

@@ -333,20 +333,30 @@ mod tests {
         let _ = std::fs::remove_dir_all(&d);
     }
 
-    #[test]
-    fn bad_manifests_are_refused() {
-        let entry = |name: &str, ranges: Vec<[usize; 2]>| FileEntry {
+    /// A file entry of rank 0 holding `ranges`.
+    fn entry(name: &str, ranges: Vec<[usize; 2]>) -> FileEntry {
+        FileEntry {
             name: name.into(),
             rank: 0,
             ranges,
             bytes: 10,
             sha256: "0".repeat(64),
-        };
+        }
+    }
+
+    /// A valid manifest of 10 elements in two files.
+    fn ok_manifest() -> Manifest {
         let ok = manifest_for(
             10,
             vec![entry("a", vec![[0, 5]]), entry("b", vec![[5, 10]])],
         );
         assert!(validate(&ok).is_ok());
+        ok
+    }
+
+    #[test]
+    fn bad_manifests_are_refused() {
+        let ok = ok_manifest();
         let cases = [
             (
                 manifest_for(
@@ -382,8 +392,12 @@ mod tests {
         let mut ranges = ok.clone();
         ranges.files[0].ranges = vec![[0, usize::MAX], [0, usize::MAX]];
         assert!(validate(&ranges).is_err());
+    }
+
+    #[test]
+    fn bad_module_state_manifests_are_refused() {
         // Non-trained module state: one whole file, a layout that adds up.
-        let mut bufs = ok.clone();
+        let mut bufs = ok_manifest();
         let layout = vec![LayoutEntry {
             path: "bn.running_mean".into(),
             shape: vec![3],
@@ -406,8 +420,12 @@ mod tests {
         let mut name = bufs;
         name.buffers.as_mut().unwrap().file.name = "../b".into();
         assert!(validate(&name).unwrap_err().contains("plain file name"));
+    }
+
+    #[test]
+    fn bad_diloco_manifests_are_refused() {
         // DiLoCo: whole-vector files, one per node after the first.
-        let mut dl = ok;
+        let mut dl = ok_manifest();
         dl.diloco = Some(DilocoManifest {
             inner_done: 4,
             outer: entry(OUTER_FILE, vec![[0, 10]]),

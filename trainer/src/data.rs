@@ -11,6 +11,8 @@
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
+/// One rank's sample indices for each step: its slice (or share) of the step's global batch
+/// in a seeded per-epoch shuffle.
 #[derive(Debug, Clone)]
 pub struct DistributedSampler {
     len: usize,
@@ -99,10 +101,12 @@ impl DistributedSampler {
         Ok(())
     }
 
+    /// Steps per epoch: the whole global batches in the dataset (the rest is dropped).
     pub fn steps_per_epoch(&self) -> usize {
         self.len / self.global_batch
     }
 
+    /// Samples per step on each rank under equal slices: the global batch / the world size.
     pub fn local_batch(&self) -> usize {
         self.global_batch / self.world
     }

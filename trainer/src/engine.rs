@@ -36,8 +36,9 @@ mod start;
 mod units;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
+pub(crate) use heal::Agreed;
 pub use recover::RecoverError;
-pub(crate) use recover::Recovery;
+pub(crate) use recover::{Recovered, Recovery};
 pub use report::{MemoryReport, StepReport, hidden_share};
 pub use units::effective_units;
 
@@ -141,22 +142,13 @@ impl<M: Module> Trainer<M> {
             _ => (layout.unflatten(model, &params), params),
         };
         held.params = params;
-        let kernels = (cfg.fused_optimizer && !resident)
-            .then(|| crate::device::kernels_for(device))
-            .flatten();
-        // Burn's CPU backend computes in host memory: a master "on the device" there would be
-        // a second host copy for nothing.
-        let separate = crate::transfer::device_memory(device).is_some();
-        let opt = ShardOptimizer::new(&cfg.optim, device.clone(), held.owned_len(), kernels)
-            .keep_master(cfg.device_resident && separate);
-        let memory = memory_model(
-            &*sync,
-            &cfg,
-            &held,
-            layout.total(),
-            opt.state_bytes(),
-            unit_overlap,
-        );
+        let opt = optimizer_for(&cfg, device, held.owned_len(), resident);
+        let h = sync.holding(&held, layout.total(), cfg.prefetch, unit_overlap);
+        let memory = MemoryReport {
+            params_bytes: 4 * h.params,
+            grads_bytes: 4 * h.grads,
+            optim_bytes: opt.state_bytes(),
+        };
         let mut trainer = Self {
             model: Some(model),
             layout,
@@ -555,21 +547,21 @@ fn read_loss(loss: Tensor<1>) -> Result<f32, TrainError> {
     })
 }
 
-/// Bytes a rank holds for model states (what [`MemoryReport`] says): what its sync holds,
-/// in f32, and its optimizer state. With `unit_overlap`, a stage-2 rank holds two units of
-/// full gradient (the one being flattened and the one in flight) besides its shard.
-fn memory_model(
-    sync: &dyn GradSync,
+/// The optimizer of `owned` elements: fused kernels where the device has them and the sync
+/// does not keep the parameters on the device (`resident`), with its f32 master on the
+/// device when the configuration keeps state there and the device's memory is its own.
+fn optimizer_for(
     cfg: &TrainerConfig,
-    held: &Held,
-    total: usize,
-    optim_bytes: usize,
-    unit_overlap: bool,
-) -> MemoryReport {
-    let h = sync.holding(held, total, cfg.prefetch, unit_overlap);
-    MemoryReport {
-        params_bytes: 4 * h.params,
-        grads_bytes: 4 * h.grads,
-        optim_bytes,
-    }
+    device: &Device,
+    owned: usize,
+    resident: bool,
+) -> ShardOptimizer {
+    let kernels = (cfg.fused_optimizer && !resident)
+        .then(|| crate::device::kernels_for(device))
+        .flatten();
+    // Burn's CPU backend computes in host memory: a master "on the device" there would be
+    // a second host copy for nothing.
+    let separate = crate::transfer::device_memory(device).is_some();
+    ShardOptimizer::new(&cfg.optim, device.clone(), owned, kernels)
+        .keep_master(cfg.device_resident && separate)
 }

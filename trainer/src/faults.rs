@@ -41,30 +41,40 @@ pub struct Faults {
 /// Stall the checkpoint of `from_step` and later ones, on every rank or only on `rank`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct StallCheckpoint {
+    /// The first step whose checkpoint stalls.
     pub from_step: usize,
+    /// How long each stalls.
     pub stall: Duration,
+    /// The only rank that stalls; `None`: every rank.
     pub rank: Option<usize>,
 }
 
 /// Every rank of `node` spends `extra` more on `step`.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlowStep {
+    /// The slow node.
     pub node: usize,
+    /// The step it is slow on.
     pub step: usize,
+    /// The time added to that step.
     pub extra: Duration,
 }
 
 /// `rank` spends `extra` more in every step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SlowRank {
+    /// The straggling rank.
     pub rank: usize,
+    /// The time added to each of its steps.
     pub extra: Duration,
 }
 
 /// `rank` computes `factor` (≥ 1) times slower.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Slowdown {
+    /// The slow rank.
     pub rank: usize,
+    /// What its compute time is multiplied by (1: no slowdown).
     pub factor: f64,
 }
 

@@ -186,11 +186,7 @@ pub fn fit<M: Module>(
         trainer.set_stop_flag(s.clone());
     }
     let mut rec = Record::open(run, leader)?;
-    let mut run_meta = run.meta.clone();
-    if let Some(m) = run_meta.as_object_mut() {
-        m.insert("global_batch".into(), run.global_batch.into());
-        m.insert("accumulate".into(), run.accumulate.into());
-    }
+    let run_meta = run_meta(run);
     // The checkpoint directory's lock, held by rank 0's process while the run lasts (a node
     // joining in place joins a run that holds it).
     let (start, mut lock) = match heal::setup(&mut trainer, run, &run_meta)? {
@@ -219,64 +215,67 @@ pub fn fit<M: Module>(
                 save_due(&mut trainer, run, &run_meta, step + 1, rep.stop, bar)?;
                 Ok(rep)
             });
-        let rep = match res {
-            Ok(rep) => rep,
+        let (h, cut) = match res {
             Err(e) => {
                 let Some(h) = heal::healable(run, &trainer, &e) else {
                     return Err(e);
                 };
                 let applied = trainer.updates() > before;
-                let cx = heal::Cut {
-                    step,
-                    applied,
-                    reason: e.to_string(),
-                    regroup: false,
-                };
-                let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
-                step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cx, &run_meta)?;
-                leader = trainer.process_group().rank() == 0;
-                relock(&mut lock, run, leader);
-                continue;
+                let reason = e.to_string();
+                (h, heal::Cut::failed(step, applied, reason))
             }
+            Ok(rep) if rep.stop => {
+                stopped = Some(step);
+                break;
+            }
+            Ok(rep) => match run.heal.clone().filter(|_| rep.regroup) {
+                // Agents joined: this epoch ends after this step, and the next one, with
+                // them, goes on from it in place.
+                Some(h) => (h, heal::Cut::regroup(step)),
+                None => {
+                    step += 1;
+                    continue;
+                }
+            },
         };
-        if rep.stop {
-            stopped = Some(step);
-            break;
-        }
-        if rep.regroup
-            && let Some(h) = run.heal.clone()
-        {
-            // Agents joined: this epoch ends after this step, and the next one, with them,
-            // goes on from it in place.
-            let cx = heal::Cut {
-                step,
-                applied: true,
-                reason: "agents joined: the world grows in place".into(),
-                regroup: true,
-            };
-            let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
-            step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cx, &run_meta)?;
-            leader = trainer.process_group().rank() == 0;
-            relock(&mut lock, run, leader);
-            continue;
-        }
-        step += 1;
+        let (sampler, pace, rec) = (&mut sampler, &mut pace, &mut rec);
+        step = heal::heal(&mut trainer, sampler, pace, rec, run, &h, cut, &run_meta)?;
+        leader = trainer.process_group().rank() == 0;
+        relock(&mut lock, run, leader);
     }
     rec.bar.finish_and_clear();
-    if let Some(dir) = &run.trace {
-        let world = trainer.process_group().world();
-        if let Some(p) = crate::trace::finish(dir, world)
-            .map_err(|e| io(format!("--trace {}", dir.display()), e))?
-            && leader
-        {
-            eprintln!(
-                "wiretrain: traces written to {} ({} and one per rank)",
-                dir.display(),
-                p.display()
-            );
-        }
-    }
+    finish_trace(run, trainer.process_group().world(), leader)?;
     rec.finish(trainer, run, start, stopped, &pace)
+}
+
+/// With `--trace`, merges the ranks' traces of this process (`world` ranks in the job); the
+/// leader says where they are.
+fn finish_trace(run: &FitOptions, world: usize, leader: bool) -> Result<(), FitError> {
+    let Some(dir) = &run.trace else {
+        return Ok(());
+    };
+    if let Some(p) =
+        crate::trace::finish(dir, world).map_err(|e| io(format!("--trace {}", dir.display()), e))?
+        && leader
+    {
+        eprintln!(
+            "wiretrain: traces written to {} ({} and one per rank)",
+            dir.display(),
+            p.display()
+        );
+    }
+    Ok(())
+}
+
+/// What a checkpoint's manifest records of the run: the caller's metadata, the global batch
+/// and the accumulation.
+fn run_meta(run: &FitOptions) -> serde_json::Value {
+    let mut meta = run.meta.clone();
+    if let Some(m) = meta.as_object_mut() {
+        m.insert("global_batch".into(), run.global_batch.into());
+        m.insert("accumulate".into(), run.accumulate.into());
+    }
+    meta
 }
 
 /// Writes the checkpoint of `done` steps when it is due (every k steps, the last step, a

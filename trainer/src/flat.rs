@@ -31,10 +31,15 @@ pub(crate) mod buffers;
 /// One parameter's place in the flat vector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FlatEntry {
+    /// The module path of the parameter, its field names joined with dots.
     pub path: String,
+    /// Burn's id of the parameter.
     pub id: ParamId,
+    /// Its tensor shape.
     pub shape: Vec<usize>,
+    /// Where it starts in the flat vector, in elements.
     pub offset: usize,
+    /// Its number of elements.
     pub len: usize,
 }
 
@@ -78,6 +83,7 @@ impl ModuleVisitor for Collect {
 }
 
 impl FlatLayout {
+    /// The layout of `module`'s trained float parameters, in module visiting order.
     pub fn of<M: Module>(module: &M) -> Self {
         Self::collect(module, false)
     }
@@ -102,6 +108,7 @@ impl FlatLayout {
         }
     }
 
+    /// Every parameter's entry, in flat-vector order.
     pub fn entries(&self) -> &[FlatEntry] {
         &self.entries
     }

@@ -353,6 +353,61 @@ impl Healer {
         })
     }
 
+    /// Waits (up to the heal wait) for the launcher's answer at `answer_path`, then takes it
+    /// away: the assignment into a later epoch than `epoch`, or why the launcher refused.
+    fn await_answer(&self, answer_path: &Path, epoch: u64) -> Result<Assignment, HealError> {
+        let io = |source| HealError::Io {
+            path: answer_path.to_path_buf(),
+            source,
+        };
+        let t0 = Instant::now();
+        let bytes = loop {
+            if self.stop.load(Ordering::SeqCst) {
+                return Err(HealError::Stopped);
+            }
+            match std::fs::metadata(answer_path).and_then(|m| {
+                if m.len() > 1 << 20 {
+                    Err(std::io::Error::other(format!(
+                        "{} bytes (at most 1 MiB)",
+                        m.len()
+                    )))
+                } else {
+                    std::fs::read(answer_path)
+                }
+            }) {
+                Ok(b) => break b,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io(e)),
+            }
+            if t0.elapsed() > self.wait {
+                return Err(HealError::NoAnswer {
+                    dir: self.dir.clone(),
+                    secs: self.wait.as_secs_f64(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        let _ = std::fs::remove_file(answer_path);
+        let bad = |reason: String| HealError::BadAnswer {
+            path: answer_path.to_path_buf(),
+            reason,
+        };
+        if bytes.len() > 1 << 20 {
+            return Err(bad(format!("{} bytes (at most 1 MiB)", bytes.len())));
+        }
+        let a = match serde_json::from_slice::<Answer>(&bytes).map_err(|e| bad(e.to_string()))? {
+            Answer::Stop(why) => return Err(HealError::Refused(why)),
+            Answer::Assign(a) => a,
+        };
+        if a.node_rank >= a.nnodes || a.epoch <= epoch {
+            return Err(bad(format!(
+                "node {} of {} in epoch {} (this node was in epoch {epoch})",
+                a.node_rank, a.nnodes, a.epoch
+            )));
+        }
+        Ok(a)
+    }
+
     /// The node's part of a heal (under the lock): the old node goes, the launcher's answer,
     /// the new node.
     fn heal_node(&self, st: &mut Round) -> Result<(Elastic, bool), HealError> {
@@ -374,51 +429,11 @@ impl Healer {
         let _ = std::fs::remove_file(&answer_path);
         let ready_path = ready_file(&self.dir, pid);
         write_json(&ready_path, &ready).map_err(io(&ready_path))?;
-        let t0 = Instant::now();
-        let bytes = loop {
-            if self.stop.load(Ordering::SeqCst) {
-                return Err(HealError::Stopped);
-            }
-            match std::fs::metadata(&answer_path).and_then(|m| {
-                if m.len() > 1 << 20 {
-                    Err(std::io::Error::other(format!(
-                        "{} bytes (at most 1 MiB)",
-                        m.len()
-                    )))
-                } else {
-                    std::fs::read(&answer_path)
-                }
-            }) {
-                Ok(b) => break b,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io(&answer_path)(e)),
-            }
-            if t0.elapsed() > self.wait {
-                return Err(HealError::NoAnswer {
-                    dir: self.dir.clone(),
-                    secs: self.wait.as_secs_f64(),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        };
-        let _ = std::fs::remove_file(&answer_path);
+        let a = self.await_answer(&answer_path, st.epoch)?;
         let bad = |reason: String| HealError::BadAnswer {
             path: answer_path.clone(),
             reason,
         };
-        if bytes.len() > 1 << 20 {
-            return Err(bad(format!("{} bytes (at most 1 MiB)", bytes.len())));
-        }
-        let a = match serde_json::from_slice::<Answer>(&bytes).map_err(|e| bad(e.to_string()))? {
-            Answer::Stop(why) => return Err(HealError::Refused(why)),
-            Answer::Assign(a) => a,
-        };
-        if a.node_rank >= a.nnodes || a.epoch <= st.epoch {
-            return Err(bad(format!(
-                "node {} of {} in epoch {} (this node was in epoch {})",
-                a.node_rank, a.nnodes, a.epoch, st.epoch
-            )));
-        }
         let mut opts = self.opts.clone();
         opts.nnodes = Some(a.nnodes);
         opts.node_rank = Some(a.node_rank);

@@ -14,15 +14,25 @@ use wiretrain_comm::tls::Token;
 
 /// The variables `wiretrain launch` sets for the programs it starts (and `run` reads).
 pub mod env {
+    /// Node processes in the job ([`JobOptions::nnodes`](super::JobOptions::nnodes)).
     pub const NNODES: &str = "WIRETRAIN_NNODES";
+    /// This node's rank; 0 hosts the coordinator.
     pub const NODE_RANK: &str = "WIRETRAIN_NODE_RANK";
+    /// The coordinator's address, `host:port`.
     pub const MASTER: &str = "WIRETRAIN_MASTER";
+    /// The local socket address to bind.
     pub const BIND: &str = "WIRETRAIN_BIND";
+    /// Ranks on this node.
     pub const RANKS_PER_NODE: &str = "WIRETRAIN_RANKS_PER_NODE";
+    /// Device specs, comma-separated: one for every local rank or one per local rank.
     pub const DEVICE: &str = "WIRETRAIN_DEVICE";
+    /// `1`, `true` or `yes`: several local ranks may share one GPU adapter.
     pub const SHARE_DEVICE: &str = "WIRETRAIN_SHARE_DEVICE";
+    /// File node 0 writes its bound address to (local launchers).
     pub const ADDR_FILE: &str = "WIRETRAIN_ADDR_FILE";
+    /// The job's shared secret itself.
     pub const TOKEN: &str = "WIRETRAIN_TOKEN";
+    /// A file holding the job's shared secret.
     pub const TOKEN_FILE: &str = "WIRETRAIN_TOKEN_FILE";
     /// A nonce of the job, the same on every node (`launch --local` makes one up; else
     /// Slurm's `SLURM_JOB_ID` or torchrun's `TORCHELASTIC_RUN_ID` is used).
@@ -75,7 +85,9 @@ fn net_threads_for(cores: usize, host_nodes: Option<usize>) -> usize {
 /// and when the failure was detected, in ms since the Unix epoch).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Elastic {
+    /// The job epoch: 0, then one more at each restart.
     pub epoch: u64,
+    /// The launcher's record of the restarts so far (a JSON array).
     pub restarts: serde_json::Value,
 }
 
@@ -124,11 +136,16 @@ pub struct JobOptions {
     pub share_device: bool,
     /// File holding the job token (else WIRETRAIN_TOKEN; single-node jobs make one up).
     pub token_file: Option<PathBuf>,
+    /// How long to wait for every node at rendezvous (default 60 s).
     pub rendezvous_timeout: Duration,
+    /// How long any one collective may take before it fails (default 120 s).
     pub collective_timeout: Duration,
     /// Seconds of silence after which a peer node is declared dead.
     pub idle_timeout: Duration,
+    /// Upper bound of QUIC path-MTU discovery, in bytes of UDP payload (default: the
+    /// transport's).
     pub mtu: Option<u16>,
+    /// Payload bytes per data frame, the pipelining unit (default: the transport's).
     pub frame_bytes: Option<usize>,
     /// Threads of the node's network runtime (default: [`default_net_threads`]).
     pub net_threads: Option<usize>,
@@ -142,6 +159,8 @@ pub struct JobOptions {
     pub fingerprint_file: Option<PathBuf>,
     /// The coordinator's certificate SHA-256, pinned by joiners when given.
     pub master_sha256: Option<String>,
+    /// Announce this protocol version at rendezvous instead of the real one (tests of the
+    /// version check only).
     pub protocol_version_override: Option<u32>,
     /// The job epoch (default: WIRETRAIN_EPOCH, else 0): nodes of other epochs are refused.
     pub epoch: Option<u64>,

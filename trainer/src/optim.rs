@@ -38,19 +38,27 @@ pub enum OptimError {
     /// Burn could not hand back a tensor's values.
     #[error("reading {what} back: {reason}")]
     ReadBack {
+        /// What was being read (the step's output, a state tensor).
         what: String,
+        /// Burn's error.
         reason: burn::tensor::TensorReadError,
     },
     /// A state tensor does not have one element per owned element.
     #[error("optimizer state {name} has {len} elements, this rank owns {owned}")]
     StateLength {
+        /// The state tensor's name.
         name: String,
+        /// Its number of elements.
         len: usize,
+        /// The number of elements this rank owns.
         owned: usize,
     },
     /// A state import lacks tensors or scalars of the optimizer's state.
     #[error("the checkpoint lacks part of the {kind} state")]
-    StateMissing { kind: &'static str },
+    StateMissing {
+        /// The optimizer ("adamw", "sgd").
+        kind: &'static str,
+    },
     /// The step count does not fit the fused kernel's counter.
     #[error("optimizer step count {0} is out of range")]
     StepCount(usize),
@@ -64,14 +72,22 @@ pub enum OptimError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum OptimConfig {
+    /// AdamW (the default: betas 0.9 and 0.999, eps 1e-8, weight decay 0.01).
     AdamW {
+        /// Decay rate of the first moment's running average.
         beta1: f32,
+        /// Decay rate of the second moment's running average.
         beta2: f32,
+        /// Added to the denominator for numerical stability.
         eps: f32,
+        /// Decoupled weight decay.
         weight_decay: f32,
     },
+    /// SGD, with momentum when `momentum` is above 0 (no dampening).
     Sgd {
+        /// Momentum factor; 0 for plain SGD.
         momentum: f64,
+        /// Weight decay added to the gradient (L2 penalty); 0 for none.
         weight_decay: f32,
     },
 }
@@ -113,7 +129,9 @@ impl From<ScalarValue> for Scalar {
 /// scalars (step counts).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExportedState {
+    /// Per-element state tensors by name, each one value per owned element.
     pub tensors: Vec<(String, Vec<f32>)>,
+    /// Scalar state (step counts) by name.
     pub scalars: BTreeMap<String, ScalarValue>,
 }
 

@@ -20,21 +20,29 @@ use wiretrain_comm::{Node, ProcessGroup, RankTable};
 /// Why a run failed.
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
+    /// The job options cannot make a node configuration.
     #[error(transparent)]
     Job(#[from] JobError),
+    /// The local ranks cannot get their devices.
     #[error("--device: {0}")]
     Device(#[from] crate::device::DeviceError),
+    /// The node could not join the job (rendezvous, connections).
     #[error("joining the job: {0}")]
     Join(wiretrain_comm::Error),
+    /// The Ctrl-C handler could not be installed, or a rank thread could not be spawned.
     #[error("cannot install the Ctrl-C handler: {0}")]
     Signal(String),
     /// A rank failed; `message` is its error or panic message.
     #[error("rank {rank} {}: {message}", verb(*panicked))]
     Rank {
+        /// The rank's global rank (`usize::MAX` when only its thread's exit reported a panic).
         rank: usize,
+        /// Whether it panicked rather than returned an error.
         panicked: bool,
+        /// Its error or panic message.
         message: String,
     },
+    /// The node's orderly shutdown failed after every rank succeeded.
     #[error("shutting down: {0}")]
     Shutdown(wiretrain_comm::Error),
 }
@@ -45,6 +53,7 @@ fn verb(panicked: bool) -> &'static str {
 
 /// What one rank's closure gets: its process group, its device and the job's stop flag.
 pub struct RankContext {
+    /// This rank's process group (the whole job).
     pub pg: ProcessGroup,
     /// This rank's device (without autodiff: see [`RankContext::device`]).
     pub rank_device: RankDevice,
@@ -56,15 +65,19 @@ pub struct RankContext {
 }
 
 impl RankContext {
+    /// This rank's global rank.
     pub fn rank(&self) -> usize {
         self.pg.rank()
     }
+    /// The number of ranks in the job.
     pub fn world(&self) -> usize {
         self.pg.world()
     }
+    /// This rank's index among its node's ranks.
     pub fn local_rank(&self) -> usize {
         self.pg.local_rank()
     }
+    /// This rank's node (node rank).
     pub fn node(&self) -> usize {
         self.pg.node()
     }

@@ -23,15 +23,23 @@ pub const MAX_EVENTS: usize = 2_000_000;
 /// One trace event.
 #[derive(Debug, Clone, Serialize, serde::Deserialize, PartialEq)]
 pub struct Event {
+    /// Its label: a span's name, a collective's op, a heal marker, or a metadata kind.
     pub name: String,
+    /// Its category: a span's own ("compute", "step", ...), "collective", "elastic" or
+    /// "__metadata".
     pub cat: String,
+    /// Its phase: "X" a complete event, "i" an instant, "M" metadata.
     pub ph: String,
     /// Microseconds on node 0's clock since the trace base.
     pub ts: f64,
+    /// Duration in microseconds (complete events only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dur: Option<f64>,
+    /// The track's process: the node.
     pub pid: usize,
+    /// The track's thread: the rank (compute), or 1000 + the rank (communication).
     pub tid: usize,
+    /// Extra fields shown with the event (null: none).
     #[serde(default, skip_serializing_if = "serde_json::Value::is_null")]
     pub args: serde_json::Value,
 }

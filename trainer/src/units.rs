@@ -20,13 +20,21 @@ use burn::tensor::{Gradients, Int, Tensor};
 /// and mask, encoder output and decoder state).
 #[derive(Debug, Clone)]
 pub enum Act {
+    /// A float tensor of rank 1.
     F1(Tensor<1>),
+    /// A float tensor of rank 2.
     F2(Tensor<2>),
+    /// A float tensor of rank 3.
     F3(Tensor<3>),
+    /// A float tensor of rank 4.
     F4(Tensor<4>),
+    /// An integer tensor of rank 1.
     I1(Tensor<1, Int>),
+    /// An integer tensor of rank 2.
     I2(Tensor<2, Int>),
+    /// An integer tensor of rank 3.
     I3(Tensor<3, Int>),
+    /// Several activations crossing the boundary together.
     Tuple(Vec<Act>),
 }
 
@@ -196,6 +204,7 @@ fn under<'a>(path: &'a str, prefix: &str) -> Option<&'a str> {
 }
 
 impl UnitMap {
+    /// A map with no unit yet.
     pub fn new() -> Self {
         Self::default()
     }

@@ -421,6 +421,38 @@ pub fn run(args: &PlanArgs) -> Result<()> {
     Ok(())
 }
 
+/// The planner's input for 70B parameters (Llama-2-70B's shapes) on 2 nodes x 8 GPUs of
+/// 80 GB at 400 achieved TFLOP/s, joined by the preset links `intra` and `inter`.
+fn seventy_b(intra: &str, inter: &str) -> PlanInput {
+    PlanInput {
+        params: 70e9,
+        shape: Some(Shape {
+            layers: 80,
+            hidden: 8192,
+            heads: 64,
+            vocab: 32_000,
+        }),
+        seq: 2048,
+        micro_batch: 1,
+        global_batch: 64,
+        nodes: 2,
+        gpus_per_node: 8,
+        device_mem: 80e9,
+        precision: Precision::Mixed,
+        wire: WireDtype::Bf16,
+        wire_rows: Vec::new(),
+        tflops: 400.0,
+        intra: Link::preset(intra).expect("preset"),
+        inter: Link::preset(inter).expect("preset"),
+        recompute: true,
+        overlap: true,
+        prefetch: true,
+        rank_order: Default::default(),
+        units: Some(82.0),
+        diloco: None,
+    }
+}
+
 /// 70B parameters on 16 H100-class GPUs (2 nodes x 8, 80 GB, 400 achieved TFLOP/s), mixed
 /// precision, activations recomputed, global batch 64 x 2048 tokens, one row per wiring.
 pub fn interconnects_table(json: bool) -> String {
@@ -446,33 +478,7 @@ pub fn interconnects_table(json: bool) -> String {
         out.push_str(&format!("|{}|\n", ["-"; 8].map(|_| "---").join("|")));
     }
     for (intra, inter, name) in wirings {
-        let input = PlanInput {
-            params: 70e9,
-            shape: Some(Shape {
-                layers: 80,
-                hidden: 8192,
-                heads: 64,
-                vocab: 32_000,
-            }),
-            seq: 2048,
-            micro_batch: 1,
-            global_batch: 64,
-            nodes: 2,
-            gpus_per_node: 8,
-            device_mem: 80e9,
-            precision: Precision::Mixed,
-            wire: WireDtype::Bf16,
-            wire_rows: Vec::new(),
-            tflops: 400.0,
-            intra: Link::preset(intra).expect("preset"),
-            inter: Link::preset(inter).expect("preset"),
-            recompute: true,
-            overlap: true,
-            prefetch: true,
-            rank_order: Default::default(),
-            units: Some(82.0),
-            diloco: None,
-        };
+        let input = seventy_b(intra, inter);
         let plans = input.plan();
         if json {
             for p in &plans {

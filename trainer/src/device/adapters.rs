@@ -77,10 +77,15 @@ pub fn parse_specs(list: &str) -> Result<Vec<DeviceSpec>, String> {
 /// The kind of an adapter, as its graphics API reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 pub enum AdapterKind {
+    /// A GPU with its own memory (preferred first).
     DiscreteGpu,
+    /// A GPU sharing the host's memory.
     IntegratedGpu,
+    /// A virtualized GPU (a VM's passthrough or paravirtual device).
     VirtualGpu,
+    /// A kind the API does not name.
     Other,
+    /// A software adapter running on the CPU (e.g. lavapipe).
     Cpu,
 }
 
@@ -89,9 +94,11 @@ pub enum AdapterKind {
 pub struct Adapter {
     /// Position in the enumeration: the N of `wgpu:N`.
     pub index: usize,
+    /// The name the driver reports ("NVIDIA H200", "llvmpipe (LLVM ...)").
     pub name: String,
     /// PCI vendor id (0x10de NVIDIA, 0x1002 AMD, 0x8086 Intel, ...).
     pub vendor_id: u32,
+    /// What kind of device it is.
     pub kind: AdapterKind,
     /// Graphics API ("Vulkan", "Dx12", "Metal").
     pub api: String,
@@ -100,6 +107,7 @@ pub struct Adapter {
     pub kind_index: usize,
     /// Device memory in bytes where the OS tells (Linux amdgpu sysfs); wgpu itself does not.
     pub memory_bytes: Option<u64>,
+    /// PCI bus id as the driver reports it ("0000:01:00.0"); empty when it reports none.
     pub pci_bus_id: String,
 }
 
@@ -158,47 +166,88 @@ pub enum Assigned {
 /// Why the ranks of a node cannot get their devices.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DeviceError {
+    /// The number of specs is neither 1 nor the number of local ranks.
     #[error("{given} device specs for {ranks} local ranks (give one, or one per local rank)")]
-    SpecCount { given: usize, ranks: usize },
+    SpecCount {
+        /// The number of specs given.
+        given: usize,
+        /// The number of local ranks.
+        ranks: usize,
+    },
+    /// More ranks ask for a GPU (`wgpu`, `auto`) than there are hardware adapters left by
+    /// the explicit `wgpu:N` specs, and sharing is off.
     #[error(
         "{ranks} local ranks ask for a GPU adapter each, but this machine has {have}: {found}; \
          run fewer ranks per node, or pass --share-device to put several ranks on one adapter"
     )]
     TooManyRanks {
+        /// The ranks asking for a GPU.
         ranks: usize,
+        /// The hardware adapters free for them.
         have: usize,
+        /// The adapters found, in words.
         found: String,
     },
+    /// A rank asks for a GPU (`wgpu`) and the machine has no hardware adapter.
     #[error(
         "no GPU adapter found ({found}); use --device wgpu:cpu (software Vulkan) or --device cpu"
     )]
-    NoHardware { found: String },
+    NoHardware {
+        /// The adapters found, in words.
+        found: String,
+    },
+    /// A rank asks for `wgpu:cpu` and the machine has no software adapter.
     #[error(
         "no software Vulkan adapter found ({found}); apt-get install mesa-vulkan-drivers gives \
          lavapipe, or use --device cpu"
     )]
-    NoSoftware { found: String },
+    NoSoftware {
+        /// The adapters found, in words.
+        found: String,
+    },
+    /// A rank asks for `wgpu:N` and the enumeration has no adapter N.
     #[error("wgpu:{index}: there is no adapter {index} ({found})")]
-    NoSuchAdapter { index: usize, found: String },
+    NoSuchAdapter {
+        /// The N asked for.
+        index: usize,
+        /// The adapters found, in words.
+        found: String,
+    },
+    /// Two local ranks would train on the same GPU (hardware adapter or CUDA device) and
+    /// sharing is off.
     #[error(
         "local ranks {first} and {second} would share adapter {adapter}; give each rank its own \
          (wgpu:N) or pass --share-device"
     )]
     Shared {
+        /// The first local rank on it.
         first: usize,
+        /// The second local rank on it.
         second: usize,
+        /// The adapter or CUDA device, in words.
         adapter: String,
     },
+    /// A rank asks for a CUDA device and this build lacks the `cuda` feature.
     #[error(
         "CUDA devices need Burn's CUDA backend, which this binary was built without: build with \
          `--features cuda` (its build downloads an LLVM bundle, so on a machine with internet), \
          or train on the same GPU through Vulkan with --device wgpu"
     )]
     CudaNotBuilt,
+    /// A rank asks for a CUDA device and probing the CUDA devices failed.
     #[error("CUDA devices: {why}")]
-    CudaUnavailable { why: String },
+    CudaUnavailable {
+        /// The probe's error, in words.
+        why: String,
+    },
+    /// A rank asks for a CUDA device index at or above the machine's device count.
     #[error("cuda:{index}: there is no CUDA device {index} (this machine has {count})")]
-    NoSuchCuda { index: usize, count: usize },
+    NoSuchCuda {
+        /// The highest index asked for.
+        index: usize,
+        /// The number of CUDA devices on this machine.
+        count: usize,
+    },
 }
 
 /// "wgpu:0 A (DiscreteGpu, Vulkan), wgpu:1 B (Cpu, Vulkan)", or "none".

@@ -6,13 +6,13 @@ use super::RankDevice;
 use super::adapters::{Assigned, DeviceError};
 
 /// The rank's device in words, as the rank table records it.
-pub fn describe(n: usize) -> String {
+pub(super) fn describe(n: usize) -> String {
     format!("cuda:{n} (burn cuda backend)")
 }
 
 /// Refuses CUDA assignments this binary or machine cannot honour: no `cuda` feature, no
 /// driver, or an index past the machine's devices.
-pub fn check(assigned: &[Assigned]) -> Result<(), DeviceError> {
+pub(super) fn check(assigned: &[Assigned]) -> Result<(), DeviceError> {
     let Some(highest) = assigned
         .iter()
         .filter_map(|a| match a {
@@ -45,7 +45,7 @@ fn device_count() -> Result<usize, DeviceError> {
 
 /// Burn's CUDA device `n`.
 #[cfg(feature = "cuda")]
-pub fn open(n: usize) -> Result<RankDevice, String> {
+pub(super) fn open(n: usize) -> Result<RankDevice, String> {
     Ok(RankDevice {
         device: burn::tensor::Device::cuda(n),
         description: describe(n),
@@ -55,7 +55,7 @@ pub fn open(n: usize) -> Result<RankDevice, String> {
 
 /// Unreachable through [`super::NodeDevices::plan`], which refuses CUDA specs here.
 #[cfg(not(feature = "cuda"))]
-pub fn open(_n: usize) -> Result<RankDevice, String> {
+pub(super) fn open(_n: usize) -> Result<RankDevice, String> {
     Err(DeviceError::CudaNotBuilt.to_string())
 }
 

@@ -25,7 +25,9 @@ pub use adapters::{Adapter, AdapterKind, Assigned, DeviceError, DeviceSpec, pars
 /// The device a rank trains on, with a human description.
 #[derive(Debug, Clone)]
 pub struct RankDevice {
+    /// The Burn device (wgpu, flex or CUDA).
     pub device: Device,
+    /// The device in words, e.g. "wgpu Vulkan NVIDIA H200 (DiscreteGpu)".
     pub description: String,
     /// wiretrain's own WGSL kernels on the same wgpu device and queue (wgpu devices only).
     pub kernels: Option<Arc<Kernels>>,
@@ -177,6 +179,7 @@ impl NodeDevices {
         })
     }
 
+    /// The wgpu adapters enumerated on this machine (empty when no spec names wgpu).
     pub fn adapters(&self) -> &[Adapter] {
         &self.adapters
     }

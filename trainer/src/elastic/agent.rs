@@ -25,11 +25,17 @@ pub struct AgentOptions {
     pub master: String,
     /// The address this machine's node binds (default: the one that routes to `master`).
     pub host: Option<IpAddr>,
+    /// What this machine's node process runs.
     pub target: Target,
+    /// How long a node gets to stop after it is told, before its agent kills it.
     pub grace: Duration,
+    /// The fewest machines (nodes) the job runs with (MIN of `--nnodes MIN:MAX`).
     pub min: usize,
+    /// The most machines (nodes) an epoch takes (MAX of `--nnodes MIN:MAX`).
     pub max: usize,
+    /// Restarts allowed after failures (`--max-restarts`).
     pub max_restarts: usize,
+    /// After MIN agents are there, how long the first epoch waits for more (up to MAX).
     pub join_window: Duration,
     /// Add `--resume` from epoch 1 on (this binary's `train`).
     pub resume_flag: bool,

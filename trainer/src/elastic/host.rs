@@ -26,7 +26,7 @@ mod tell;
 
 /// How an elastic launch may go on.
 #[derive(Debug, Clone)]
-pub struct Policy {
+pub(crate) struct Policy {
     pub min: usize,
     pub max: usize,
     pub max_restarts: usize,
@@ -50,7 +50,7 @@ struct Agent {
 }
 
 /// Runs the rendezvous on `ep` until the job ends; every agent is told how it ended.
-pub async fn host(ep: Endpoint, policy: Policy) {
+pub(crate) async fn host(ep: Endpoint, policy: Policy) {
     let (tx, rx) = mpsc::unbounded_channel();
     let ours = std::sync::Arc::new(policy.settings.clone());
     let accept = tokio::spawn(accept_loop(ep.clone(), tx, ours));

@@ -29,33 +29,8 @@ use super::supervisor::{Healing, Slot, wait_healing};
 mod ended;
 pub(super) use ended::Ended;
 use ended::{verdict, wait_all};
-
-/// Why a local launch failed.
-#[derive(Debug, thiserror::Error)]
-pub enum LaunchError {
-    #[error("cannot start node {node}: {source}")]
-    Spawn {
-        node: usize,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("node 0 did not report its address within {0:?}")]
-    NoAddress(Duration),
-    #[error("node 0 exited before listening ({0})")]
-    EarlyExit(ExitStatus),
-    /// Nodes failed; `code` is the first failed node's exit code (128 + signal when killed).
-    #[error("{}", .failures.join("; "))]
-    Failed { failures: Vec<String>, code: i32 },
-    #[error("i/o error: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("stopped by a signal; the nodes finished their step and exited")]
-    Interrupted,
-    #[error("{0}")]
-    Signal(String),
-    /// The elastic rendezvous across machines failed (unreachable, refused, lost).
-    #[error("{0}")]
-    Rendezvous(String),
-}
+mod error;
+pub use error::LaunchError;
 
 /// Removes `--flag VALUE` and `--flag=VALUE` from an argument list.
 pub fn strip_flag(args: &[OsString], flag: &str) -> Vec<OsString> {
@@ -121,7 +96,9 @@ pub struct Target {
     /// The program; `None` runs this executable with `args` (a subcommand and its flags, to
     /// which the rendezvous flags are added).
     pub program: Option<PathBuf>,
+    /// The arguments of every node's command.
     pub args: Vec<OsString>,
+    /// Ranks each node process runs.
     pub ranks_per_node: usize,
 }
 

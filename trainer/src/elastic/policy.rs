@@ -15,8 +15,11 @@
 /// How far an elastic job may go on (`--nnodes MIN:MAX --max-restarts R`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
+    /// The fewest members (nodes) the job runs with.
     pub min: usize,
+    /// The most members (nodes) an epoch takes.
     pub max: usize,
+    /// Restarts allowed after failures (growths use none).
     pub max_restarts: usize,
 }
 
@@ -28,12 +31,21 @@ pub enum EpochEnd<'a> {
     /// Members joined while the world was below MAX. `Some(regrouped)`: the members whose
     /// nodes regroup in place (the newcomers then receive their state); `None`: every node
     /// stopped after its step and checkpointed.
-    Grow { in_place: Option<&'a [u64]> },
+    Grow {
+        /// The members regrouping in place, or `None` after a checkpoint.
+        in_place: Option<&'a [u64]>,
+    },
     /// Nodes failed. `restartable`: false for a failure no restart can help (a usage error,
     /// or one the nodes marked as the job's end).
-    Failed { restartable: bool },
+    Failed {
+        /// Whether a restart can help.
+        restartable: bool,
+    },
     /// Nodes failed and `survivors` wait, alive, to heal from live replicas.
-    Heal { survivors: &'a [u64] },
+    Heal {
+        /// The members alive and waiting, in the epoch's order.
+        survivors: &'a [u64],
+    },
 }
 
 /// How the next epoch recovers its state.
@@ -58,11 +70,13 @@ impl Recovery {
 /// The next epoch, as decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NextEpoch {
+    /// Its members in node order (node i is the i-th).
     pub members: Vec<u64>,
     /// Nodes of the epoch before that are not in it (numbered as in the epoch before).
     pub left: Vec<usize>,
     /// Nodes that joined (numbered as in the new epoch).
     pub joined: Vec<usize>,
+    /// How it recovers its state.
     pub recovery: Recovery,
     /// Whether it uses one of the restarts (a failure, not a growth).
     pub uses_restart: bool,
@@ -76,8 +90,10 @@ pub enum Decision {
     /// The job ends in failure; the policy's own reason when it is not the failure itself
     /// (too few members, no restart left).
     End {
+        /// The policy's reason, or `None` when the failure itself is the reason.
         why: Option<String>,
     },
+    /// Another epoch runs.
     Next(NextEpoch),
 }
 

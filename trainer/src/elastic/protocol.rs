@@ -18,16 +18,16 @@ use wiretrain_comm::transport::quic;
 use wiretrain_comm::wire;
 
 /// The version of these messages; agents of another version are refused.
-pub const VERSION: u32 = 3;
+pub(crate) const VERSION: u32 = 3;
 /// A link silent this long is gone (its agent's machine died or was cut off).
-pub const LINK_IDLE: Duration = Duration::from_secs(5);
+pub(crate) const LINK_IDLE: Duration = Duration::from_secs(5);
 /// The longest a message may take to leave.
 const SEND_WITHIN: Duration = Duration::from_secs(5);
 
 /// From an agent to the host.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum ToHost {
+pub(crate) enum ToHost {
     /// The first message: who the agent is and the address its node binds.
     Join {
         version: u32,
@@ -56,7 +56,7 @@ pub enum ToHost {
 
 /// How a node process ended.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct NodeEnd {
+pub(crate) struct NodeEnd {
     /// The exit status in words ("exit status: 1", "signal: 9 (SIGKILL)").
     pub status: String,
     /// The exit code (128 + the signal when killed by one).
@@ -67,7 +67,7 @@ pub struct NodeEnd {
 /// From the host to an agent.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "msg", rename_all = "snake_case")]
-pub enum ToAgent {
+pub(crate) enum ToAgent {
     /// Start this agent's node of a new epoch.
     Start(Start),
     /// Stop the node of `epoch` (SIGTERM: it finishes its step, checkpoints and exits).
@@ -83,7 +83,7 @@ pub enum ToAgent {
 
 /// One node of an epoch, as its agent starts it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Start {
+pub(crate) struct Start {
     pub epoch: usize,
     /// Nodes in this epoch.
     pub world: usize,
@@ -108,7 +108,7 @@ pub struct Start {
 }
 
 /// One setting every agent of a job must agree on: (name, value).
-pub type Setting = (String, String);
+pub(crate) type Setting = (String, String);
 
 /// The rendezvous link's identity: a CA of its own from the job token, so that the agents'
 /// links and the node processes' never accept each other's certificates, salted with the job's
@@ -116,7 +116,7 @@ pub type Setting = (String, String);
 /// is: an agent of another job with the same token (a leftover of an earlier launch) cannot
 /// connect. The token must pass the nodes' strength rule (a weak one could be guessed offline
 /// from the certificate the host shows every client).
-pub fn identity(token: &Token, job: Option<&str>) -> Result<JobIdentity, String> {
+pub(crate) fn identity(token: &Token, job: Option<&str>) -> Result<JobIdentity, String> {
     token.check_strength()?;
     let salt = match job {
         Some(j) => format!("wiretrain elastic launch rendezvous v2\0job:{j}"),
@@ -128,7 +128,7 @@ pub fn identity(token: &Token, job: Option<&str>) -> Result<JobIdentity, String>
 /// The first setting in which an agent (`theirs`) differs from the host (`ours`), in words;
 /// `None` when they agree. Settings are compared in order, so a missing argument is named
 /// where it is missing.
-pub fn first_difference(ours: &[Setting], theirs: &[Setting]) -> Option<String> {
+pub(crate) fn first_difference(ours: &[Setting], theirs: &[Setting]) -> Option<String> {
     let shown = |s: Option<&Setting>| match s {
         Some((_, v)) => format!("`{}`", clip(v)),
         None => "nothing".to_string(),
@@ -164,12 +164,12 @@ fn tuning() -> QuicTuning {
 
 /// The host's endpoint, bound to the rendezvous address (fails when another process holds
 /// it, or the address is not this machine's).
-pub fn host_endpoint(bind: SocketAddr, id: &JobIdentity) -> Result<Endpoint, String> {
+pub(crate) fn host_endpoint(bind: SocketAddr, id: &JobIdentity) -> Result<Endpoint, String> {
     quic::endpoint(bind, id, &tuning()).map_err(|e| e.to_string())
 }
 
 /// An agent's link to the host.
-pub struct Link {
+pub(crate) struct Link {
     pub conn: Connection,
     pub send: SendStream,
     pub recv: RecvStream,
@@ -177,7 +177,11 @@ pub struct Link {
 
 /// Connects to the host at `addr`, retrying until `deadline` (it may not be up yet); a host
 /// of another job token is final.
-pub async fn dial(id: &JobIdentity, addr: SocketAddr, deadline: Instant) -> Result<Link, String> {
+pub(crate) async fn dial(
+    id: &JobIdentity,
+    addr: SocketAddr,
+    deadline: Instant,
+) -> Result<Link, String> {
     let bind: SocketAddr = if addr.is_ipv4() {
         "0.0.0.0:0".parse().expect("an address")
     } else {
@@ -221,7 +225,7 @@ pub async fn dial(id: &JobIdentity, addr: SocketAddr, deadline: Instant) -> Resu
 }
 
 /// Sends one message, within [`SEND_WITHIN`].
-pub async fn send<T: Serialize>(s: &mut SendStream, m: &T) -> Result<(), String> {
+pub(crate) async fn send<T: Serialize>(s: &mut SendStream, m: &T) -> Result<(), String> {
     match timeout(SEND_WITHIN, s.write_all(&wire::encode_control(m))).await {
         Ok(r) => r.map_err(|e| format!("send failed: {e}")),
         Err(_) => Err(format!("send stalled for {SEND_WITHIN:?}")),
@@ -229,7 +233,7 @@ pub async fn send<T: Serialize>(s: &mut SendStream, m: &T) -> Result<(), String>
 }
 
 /// Reads one message (bounded in size; a dead peer ends it within [`LINK_IDLE`]).
-pub async fn recv<T: DeserializeOwned>(r: &mut RecvStream) -> Result<T, String> {
+pub(crate) async fn recv<T: DeserializeOwned>(r: &mut RecvStream) -> Result<T, String> {
     let mut p = [0u8; 4];
     r.read_exact(&mut p)
         .await

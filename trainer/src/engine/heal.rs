@@ -305,6 +305,46 @@ impl<M: Module> Trainer<M> {
         })
     }
 
+    /// Whether every receiver of rank `src`'s state (those with `keep`) can take it: buffers
+    /// of `theirs` elements (parameters, master, owned) against this rank's `lens`, and the
+    /// optimizer tensors `names`. Every rank learns whether any cannot, so that all fail
+    /// together rather than leave the others waiting in the transfer (a collective).
+    fn check_fit(
+        &mut self,
+        src: usize,
+        keep: bool,
+        exported: &ExportedState,
+        names: &[String],
+        theirs: (usize, usize, usize),
+        lens: (usize, usize, usize),
+    ) -> Result<(), super::TrainError> {
+        let heal_err = |m: String| super::TrainError::Heal(m);
+        // (The same optimizer holds the same tensors; a state not made yet holds none.)
+        let own: BTreeSet<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
+        let other_names = !own.is_empty() && own != names.iter().collect::<BTreeSet<_>>();
+        let unfit = keep && (theirs != lens || other_names);
+        let any = self
+            .pg
+            .all_reduce(
+                vec![f32::from(u8::from(unfit))],
+                wiretrain_comm::ReduceOp::Sum,
+            )
+            .wait()?;
+        if unfit {
+            return Err(heal_err(format!(
+                "rank {src}'s state has buffers of {}, {}, {} elements and optimizer tensors \
+                 {names:?}; this rank holds {}, {}, {} and {own:?}",
+                theirs.0, theirs.1, theirs.2, lens.0, lens.1, lens.2
+            )));
+        }
+        if any[0] > 0.0 {
+            return Err(heal_err(format!(
+                "a rank cannot take rank {src}'s state (its buffers or tensors differ)"
+            )));
+        }
+        Ok(())
+    }
+
     /// The transfer of rank `src`'s state (a collective of the whole world; only ranks with
     /// `mine` set keep what arrives, and check it against `want`'s digest).
     fn receive_state(
@@ -323,31 +363,14 @@ impl<M: Module> Trainer<M> {
         let (names, scalars, (n_params, n_master, n_owned)) =
             self.state_header(src, exported, lens)?;
         let keep = mine && self.pg.rank() != src;
-        // Every rank learns whether any receiver cannot take the state, so that all fail
-        // together rather than leave the others waiting in the transfer.
-        // (The same optimizer holds the same tensors; a state not made yet holds none.)
-        let own: BTreeSet<&String> = exported.tensors.iter().map(|(n, _)| n).collect();
-        let other_names = !own.is_empty() && own != names.iter().collect();
-        let unfit = keep && ((n_params, n_master, n_owned) != lens || other_names);
-        let any = self
-            .pg
-            .all_reduce(
-                vec![f32::from(u8::from(unfit))],
-                wiretrain_comm::ReduceOp::Sum,
-            )
-            .wait()?;
-        if unfit {
-            return Err(heal_err(format!(
-                "rank {src}'s state has buffers of {n_params}, {n_master}, {n_owned} elements \
-                 and optimizer tensors {names:?}; this rank holds {}, {}, {} and {own:?}",
-                lens.0, lens.1, lens.2
-            )));
-        }
-        if any[0] > 0.0 {
-            return Err(heal_err(format!(
-                "a rank cannot take rank {src}'s state (its buffers or tensors differ)"
-            )));
-        }
+        self.check_fit(
+            src,
+            keep,
+            exported,
+            &names,
+            (n_params, n_master, n_owned),
+            lens,
+        )?;
         // What this rank sends (the source) or a buffer of the right length (the others).
         let buf = |own: &[f32], n: usize| {
             if own.len() == n {

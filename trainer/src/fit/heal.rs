@@ -8,7 +8,7 @@ use super::pace::Pace;
 use super::record::{Record, unix_ms};
 use super::{FitError, FitOptions};
 use crate::data::DistributedSampler;
-use crate::engine::{RecoverError, Recovery, TrainError, Trainer};
+use crate::engine::{Agreed, RecoverError, Recovered, Recovery, TrainError, Trainer};
 use crate::heal::Healer;
 use burn::module::Module;
 use std::sync::Arc;
@@ -21,6 +21,28 @@ pub(super) struct Cut {
     pub reason: String,
     /// Not a failure: the launcher moves this node into a bigger epoch in place.
     pub regroup: bool,
+}
+
+impl Cut {
+    /// Step `step` failed for `reason`; `applied`: its update had been applied.
+    pub fn failed(step: usize, applied: bool, reason: String) -> Self {
+        Self {
+            step,
+            applied,
+            reason,
+            regroup: false,
+        }
+    }
+
+    /// Agents joined: after step `step` the world grows in place.
+    pub fn regroup(step: usize) -> Self {
+        Self {
+            step,
+            applied: true,
+            reason: "agents joined: the world grows in place".into(),
+            regroup: true,
+        }
+    }
 }
 
 /// Before the loop, in a run that heals: says whether this node can go on in place (so the
@@ -118,21 +140,8 @@ pub(super) fn heal<M: Module>(
     *pace = Pace::new(trainer, run);
     let lost = (cut.step + 1).saturating_sub(agreed.steps);
     let healed = unix_ms();
-    let mut event = serde_json::json!({
-        "epoch": rc.elastic.epoch,
-        "world": world,
-        "nodes": nodes,
-        "failed_step": cut.step,
-        "went_on_from": agreed.steps,
-        "steps_lost": lost,
-        "state_transferred": agreed.transferred,
-        "detected_unix_ms": detected,
-        "healed_unix_ms": healed,
-        "reason": reason,
-    });
-    if trainer.config().diloco().is_some() {
-        event["outer_step_ran"] = agreed.outer_step_ran.into();
-    }
+    let times = (detected, healed);
+    let event = heal_event(trainer, &rc, &cut, &reason, times);
     crate::trace::heal_marker(
         rank,
         node,
@@ -147,22 +156,55 @@ pub(super) fn heal<M: Module>(
         crate::trace::estimate_offset(trainer.process_group())?;
     }
     if rank == 0 {
-        rec.bar.suspend(|| {
-            eprintln!(
-                "wiretrain: healed from live replicas: epoch {epoch} on {nodes} node(s) \
-                 ({world} ranks), going on from step {} with no checkpoint read ({lost} step(s) \
-                 lost, state {}), {} ms after the failure",
-                agreed.steps,
-                if agreed.transferred {
-                    "sent from a replica"
-                } else {
-                    "identical on every replica"
-                },
-                healed.saturating_sub(detected)
-            )
-        });
+        let ms = healed.saturating_sub(detected);
+        rec.bar
+            .suspend(|| say_healed(epoch, nodes, world, &agreed, lost, ms));
     }
     Ok(agreed.steps)
+}
+
+/// The heal's record in the run's metrics: the new epoch and world, the step cut off and the
+/// one gone on from, and (`times`) when the failure was seen and when the heal was done.
+fn heal_event<M: Module>(
+    trainer: &mut Trainer<M>,
+    rc: &Recovered<()>,
+    cut: &Cut,
+    reason: &str,
+    (detected, healed): (u64, u64),
+) -> serde_json::Value {
+    let pg = trainer.process_group();
+    let agreed = &rc.agreed;
+    let mut event = serde_json::json!({
+        "epoch": rc.elastic.epoch,
+        "world": pg.world(),
+        "nodes": pg.table().num_nodes(),
+        "failed_step": cut.step,
+        "went_on_from": agreed.steps,
+        "steps_lost": (cut.step + 1).saturating_sub(agreed.steps),
+        "state_transferred": agreed.transferred,
+        "detected_unix_ms": detected,
+        "healed_unix_ms": healed,
+        "reason": reason,
+    });
+    if trainer.config().diloco().is_some() {
+        event["outer_step_ran"] = agreed.outer_step_ran.into();
+    }
+    event
+}
+
+/// The leader's line after a heal (`ms`: from the failure to now).
+fn say_healed(epoch: u64, nodes: usize, world: usize, agreed: &Agreed, lost: usize, ms: u64) {
+    eprintln!(
+        "wiretrain: healed from live replicas: epoch {epoch} on {nodes} node(s) ({world} \
+         ranks), going on from step {} with no checkpoint read ({lost} step(s) lost, state \
+         {}), {ms} ms after the failure",
+        agreed.steps,
+        if agreed.transferred {
+            "sent from a replica"
+        } else {
+            "identical on every replica"
+        },
+    )
 }
 
 /// What a run of `world` ranks must satisfy as a new run would (train refuses these at

@@ -287,6 +287,40 @@ impl Record {
         Ok(())
     }
 
+    /// An elastic restart says so in the summary: its epoch, the restarts so far, where it
+    /// went on from (`start`) and the steps the failure cost (done in the epoch before, then
+    /// again in this one).
+    fn elastic_summary(&self, el: &crate::job::Elastic, start: usize) -> serde_json::Value {
+        let mut lost = self.last_step_before.map(|l| (l + 1).saturating_sub(start));
+        let recovery = if !self.heals.is_empty() {
+            // Heals from live replicas add the steps they redid.
+            let healed: u64 = self
+                .heals
+                .iter()
+                .filter_map(|h| h["steps_lost"].as_u64())
+                .sum();
+            lost = Some(lost.unwrap_or(0) + healed as usize);
+            "live"
+        } else if start > 0 {
+            "checkpoint"
+        } else {
+            "from step 0"
+        };
+        if let Some(n) = lost {
+            tracing::info!(
+                "elastic epoch {}: went on from step {start}, {n} step(s) lost",
+                el.epoch
+            );
+        }
+        serde_json::json!({
+            "epoch": el.epoch,
+            "restarts": el.restarts,
+            "recovery": recovery,
+            "steps_lost": lost,
+            "heals": self.heals,
+        })
+    }
+
     /// The summary line: the run's figures, every rank's memory, and the caller's description.
     fn summary<M: Module>(
         &self,
@@ -341,39 +375,9 @@ impl Record {
                 s.insert(k.clone(), v.clone());
             }
         }
-        // An elastic restart says so: its epoch, the restarts so far, where it went on from
-        // and the steps the failure cost (done in the epoch before, then again in this one).
         if let (Some(el), Some(s)) = (&self.elastic, summary.as_object_mut()) {
-            let mut lost = self.last_step_before.map(|l| (l + 1).saturating_sub(start));
-            let recovery = if !self.heals.is_empty() {
-                // Heals from live replicas add the steps they redid.
-                let healed: u64 = self
-                    .heals
-                    .iter()
-                    .filter_map(|h| h["steps_lost"].as_u64())
-                    .sum();
-                lost = Some(lost.unwrap_or(0) + healed as usize);
-                "live"
-            } else if start > 0 {
-                "checkpoint"
-            } else {
-                "from step 0"
-            };
-            s.entry("elastic").or_insert_with(|| {
-                serde_json::json!({
-                    "epoch": el.epoch,
-                    "restarts": el.restarts,
-                    "recovery": recovery,
-                    "steps_lost": lost,
-                    "heals": self.heals,
-                })
-            });
-            if let Some(n) = lost {
-                tracing::info!(
-                    "elastic epoch {}: went on from step {start}, {n} step(s) lost",
-                    el.epoch
-                );
-            }
+            s.entry("elastic")
+                .or_insert_with(|| self.elastic_summary(el, start));
         }
         // The caller's description of the run (example, seed, ...) completes the summary.
         if let (Some(s), Some(m)) = (summary.as_object_mut(), run.meta.as_object()) {

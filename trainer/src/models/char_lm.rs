@@ -27,12 +27,16 @@ pub struct CharLmConfig {
     /// Context length in characters.
     #[config(default = 64)]
     pub seq: usize,
+    /// Width of the embeddings and of every layer's input and output.
     #[config(default = 64)]
     pub d_model: usize,
+    /// Attention heads per layer.
     #[config(default = 4)]
     pub n_heads: usize,
+    /// Transformer layers.
     #[config(default = 2)]
     pub n_layers: usize,
+    /// Hidden width of each layer's feed-forward block.
     #[config(default = 256)]
     pub d_ff: usize,
 }
@@ -187,14 +191,17 @@ impl Corpus {
         self.tokens.len() - self.seq
     }
 
+    /// Whether the corpus has no sample (text no longer than the window).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
+    /// Distinct characters of the text.
     pub fn vocab_size(&self) -> usize {
         self.vocab.len()
     }
 
+    /// Characters per sample (the window length).
     pub fn seq(&self) -> usize {
         self.seq
     }

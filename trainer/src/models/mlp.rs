@@ -8,6 +8,8 @@ use burn::nn::{Linear, LinearConfig};
 use burn::tensor::{Device, Int, Tensor, TensorData};
 use rand::{Rng, SeedableRng};
 
+/// Three linear layers with ReLU between them: [`INPUT`] features to [`HIDDEN`], [`HIDDEN`],
+/// then [`CLASSES`] logits.
 #[derive(Module, Debug)]
 pub struct Mlp {
     l1: Linear,
@@ -15,9 +17,11 @@ pub struct Mlp {
     l3: Linear,
 }
 
-/// Sizes of the example.
+/// Features per sample (the input width).
 pub const INPUT: usize = 32;
+/// Width of the two hidden layers.
 pub const HIDDEN: usize = 64;
+/// Classes (the output width).
 pub const CLASSES: usize = 10;
 
 impl Mlp {
@@ -31,6 +35,7 @@ impl Mlp {
         crate::flat::init_deterministic(m, seed)
     }
 
+    /// Logits `[batch, CLASSES]` for inputs `[batch, INPUT]`.
     pub fn forward(&self, x: Tensor<2>) -> Tensor<2> {
         use burn::tensor::activation::relu;
         self.l3
@@ -90,6 +95,7 @@ pub struct Dataset {
 }
 
 impl Dataset {
+    /// `n` samples drawn from `seed`, labelled by a teacher drawn from the same seed.
     pub fn synthetic(n: usize, seed: u64) -> Self {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ 0xda7a);
         let teacher: Vec<f32> = (0..INPUT * CLASSES)
@@ -119,14 +125,17 @@ impl Dataset {
         Self { x, y }
     }
 
+    /// Number of samples.
     pub fn len(&self) -> usize {
         self.y.len()
     }
 
+    /// Whether there is no sample.
     pub fn is_empty(&self) -> bool {
         self.y.is_empty()
     }
 
+    /// Inputs `[idx.len(), INPUT]` and labels `[idx.len()]` of the samples `idx`, on `device`.
     pub fn batch(&self, idx: &[usize], device: &Device) -> (Tensor<2>, Tensor<1, Int>) {
         let mut xs = Vec::with_capacity(idx.len() * INPUT);
         let mut ys = Vec::with_capacity(idx.len());

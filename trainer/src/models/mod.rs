@@ -7,7 +7,9 @@ pub mod mlp;
 /// A built-in example by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Example {
+    /// `mlp`: synthetic classification ([`mlp::Mlp`]).
     Mlp,
+    /// `char-lm`: a small causal transformer over the shipped text ([`char_lm::CharLm`]).
     CharLm,
 }
 

@@ -32,31 +32,8 @@ impl<M: Module> Trainer<M> {
         let joined = |r: usize| entries[r].joined;
         let live: Vec<usize> = (0..n).filter(|&r| !joined(r)).collect();
         let agreed = live.iter().map(|&r| entries[r].steps).max().unwrap_or(0);
-        // Inner steps cross no node, so live nodes stop at most one step apart (one may have
-        // seen the loss all-reduce of a step complete that another saw fail).
-        if let Some(&r) = live.iter().find(|&&r| entries[r].steps + 1 < agreed) {
-            return Err(heal_err(format!(
-                "rank {r} stopped at step {} and another at {agreed}: DiLoCo's nodes must be \
-                 within one inner step of each other",
-                entries[r].steps
-            )));
-        }
-        // A node's ranks hold one inner state (replicas under DDP, shards of it sharded):
-        // they must have stepped alike, or it is not one state.
         let replicas = self.cfg.strategy.stage() == crate::strategy::Stage::Replicated;
-        for &r in &live {
-            let first = live.iter().copied().find(|&q| node[q] == node[r]);
-            if let Some(q) = first.filter(|&q| {
-                entries[q].steps != entries[r].steps
-                    || (replicas && entries[q].digest != entries[r].digest)
-            }) {
-                return Err(heal_err(format!(
-                    "ranks {q} and {r} of node {} hold different inner states (steps {} and \
-                     {}): the node has no one state to go on with",
-                    node[r], entries[q].steps, entries[r].steps
-                )));
-            }
-        }
+        check_live(entries, &live, &node, replicas, agreed)?;
         let src = live
             .iter()
             .copied()
@@ -162,4 +139,41 @@ impl<M: Module> Trainer<M> {
         }
         Ok(())
     }
+}
+
+/// The live ranks' (`live`) states must be one DiLoCo state: every node within one inner step
+/// of `agreed` (the most steps), and each node's ranks (`node[r]`: rank r's node) at the same
+/// step, with the same digest where they hold replicas.
+fn check_live(
+    entries: &[Entry],
+    live: &[usize],
+    node: &[usize],
+    replicas: bool,
+    agreed: usize,
+) -> Result<(), TrainError> {
+    // Inner steps cross no node, so live nodes stop at most one step apart (one may have
+    // seen the loss all-reduce of a step complete that another saw fail).
+    if let Some(&r) = live.iter().find(|&&r| entries[r].steps + 1 < agreed) {
+        return Err(TrainError::Heal(format!(
+            "rank {r} stopped at step {} and another at {agreed}: DiLoCo's nodes must be \
+             within one inner step of each other",
+            entries[r].steps
+        )));
+    }
+    // A node's ranks hold one inner state (replicas under DDP, shards of it sharded):
+    // they must have stepped alike, or it is not one state.
+    for &r in live {
+        let first = live.iter().copied().find(|&q| node[q] == node[r]);
+        if let Some(q) = first.filter(|&q| {
+            entries[q].steps != entries[r].steps
+                || (replicas && entries[q].digest != entries[r].digest)
+        }) {
+            return Err(TrainError::Heal(format!(
+                "ranks {q} and {r} of node {} hold different inner states (steps {} and \
+                 {}): the node has no one state to go on with",
+                node[r], entries[q].steps, entries[r].steps
+            )));
+        }
+    }
+    Ok(())
 }
