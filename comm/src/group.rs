@@ -538,4 +538,6 @@ use executor::Executor;
 pub use node::Node;
 
 #[cfg(test)]
+mod lane_tests;
+#[cfg(test)]
 mod panic_tests;

@@ -10,96 +10,11 @@ use crate::algo::program::{Lanes, Pre};
 use crate::algo::{Program, Scope, Scopes, ring};
 use crate::error::{CollectiveError, Error, TransportError};
 use crate::topology::RankTable;
+use crate::transport::lane::{Lane, LaneError, LaneTask, OwnedLaneTask, RawBuf, RingJob};
 use crate::transport::local::{BarrierError, Call, NodeShared, Peers};
-use crate::transport::quic::{LaneError, LaneLinks, RawBuf, RingJob};
 use crate::wire::WireDtype;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// What a lane owner runs across nodes.
-pub(super) enum LaneTask<'a> {
-    Ring(RingJob<'a>),
-    Chain {
-        buf: RawBuf,
-        pieces: &'a [std::ops::Range<usize>],
-        from: Option<usize>,
-        to: Option<usize>,
-    },
-}
-
-/// A `LaneTask` that owns its piece and step lists, so it can run as a task on the runtime.
-pub(super) enum OwnedLaneTask {
-    /// `job`'s own `pieces` and `steps` are empty; the task points them at these.
-    Ring {
-        job: RingJob<'static>,
-        pieces: Vec<std::ops::Range<usize>>,
-        steps: Vec<ring::RingStep>,
-    },
-    Chain {
-        buf: RawBuf,
-        pieces: Vec<std::ops::Range<usize>>,
-        from: Option<usize>,
-        to: Option<usize>,
-    },
-}
-
-impl From<LaneTask<'_>> for OwnedLaneTask {
-    fn from(t: LaneTask<'_>) -> Self {
-        match t {
-            LaneTask::Ring(j) => OwnedLaneTask::Ring {
-                pieces: j.pieces.to_vec(),
-                steps: j.steps.to_vec(),
-                job: RingJob {
-                    pieces: &[],
-                    steps: &[],
-                    ..j
-                },
-            },
-            LaneTask::Chain {
-                buf,
-                pieces,
-                from,
-                to,
-            } => OwnedLaneTask::Chain {
-                buf,
-                pieces: pieces.to_vec(),
-                from,
-                to,
-            },
-        }
-    }
-}
-
-impl OwnedLaneTask {
-    /// Runs the task on `lane` (`code`, `seq`: the call a chain's frames carry).
-    async fn run(
-        self,
-        lane: &mut LaneLinks,
-        code: u8,
-        seq: u64,
-        deadline: tokio::time::Instant,
-    ) -> Result<(), LaneError> {
-        match self {
-            OwnedLaneTask::Ring { job, pieces, steps } => {
-                let job = RingJob {
-                    pieces: &pieces,
-                    steps: &steps,
-                    ..job
-                };
-                lane.ring(job, deadline).await
-            }
-            OwnedLaneTask::Chain {
-                buf,
-                pieces,
-                from,
-                to,
-            } => {
-                lane.chain(buf, &pieces, from, to, code, seq, deadline)
-                    .await
-            }
-        }
-    }
-}
 
 /// Runs the collectives of one rank on its communication thread.
 pub(super) struct Executor {
@@ -110,7 +25,8 @@ pub(super) struct Executor {
     /// This rank's view of each group.
     pub(super) scopes: Arc<Scopes>,
     pub(super) shared: Arc<NodeShared>,
-    pub(super) lane: Option<LaneLinks>,
+    /// This rank's link to the other nodes (none when the job has one node).
+    pub(super) lane: Option<Box<dyn Lane>>,
     pub(super) rt: tokio::runtime::Handle,
     pub(super) timeout: Duration,
     pub(super) failed: Option<String>,
@@ -243,19 +159,16 @@ impl Executor {
         deadline: Instant,
         task: LaneTask<'_>,
     ) -> Result<(), Error> {
-        let mut lane = self.lane.take().expect("lane owner");
-        let progress = lane.progress.clone();
+        let lane = self.lane.take().expect("lane owner");
         let t_lane = Instant::now();
-        let sent_before = lane.sent.load(std::sync::atomic::Ordering::Relaxed);
+        let sent_before = lane.sent();
         let until = tokio::time::Instant::from_std(deadline);
         let owned = OwnedLaneTask::from(task);
-        let (code, seq) = (id.kind.code(), id.seq);
         // SAFETY (the buffer behind `RawBuf`): this thread blocks until the task has finished,
         // so the caller's buffer outlives every access the task makes.
-        let handle = self.rt.spawn(async move {
-            let res = owned.run(&mut lane, code, seq, until).await;
-            (lane, res)
-        });
+        let handle = self
+            .rt
+            .spawn(lane.run(owned, (id.kind.code(), id.seq), until));
         let res = match self.rt.block_on(handle) {
             Ok((lane, res)) => {
                 self.lane = Some(lane);
@@ -278,10 +191,10 @@ impl Executor {
                 return Err(self.fail(id, err));
             }
         };
-        let (step, chunk, from) = progress.waiting();
         let lane = self.lane.as_ref().expect("lane owner");
+        let (step, chunk, from) = lane.waiting();
         // Time and bytes on the inter-node link, for the trace's per-link bandwidth.
-        let sent = lane.sent.load(std::sync::atomic::Ordering::Relaxed) - sent_before;
+        let sent = lane.sent() - sent_before;
         let (ms, b) = self.inter.unwrap_or((0.0, 0));
         self.inter = Some((ms + t_lane.elapsed().as_secs_f64() * 1e3, b + sent));
         let waiting_for = format!(

@@ -8,6 +8,7 @@ use crate::error::{Error, RendezvousError, TransportError};
 use crate::rendezvous::{self, Peer};
 use crate::tls::JobIdentity;
 use crate::topology::RankTable;
+use crate::transport::lane::Lane;
 use crate::transport::local::NodeShared;
 use crate::transport::quic::{self, LaneLinks, close_code};
 use crate::wire::WireDtype;
@@ -91,7 +92,7 @@ impl Node {
                 table: table.clone(),
                 scopes: Arc::new(crate::algo::Scopes::of(&table, node, local)),
                 shared: shared.clone(),
-                lane,
+                lane: lane.map(|l| Box::new(l) as Box<dyn Lane>),
                 rt: runtime.handle().clone(),
                 timeout: cfg.collective_timeout,
                 failed: None,

@@ -9,8 +9,8 @@ use super::ReduceOp;
 use crate::algo::layout::intersect;
 use crate::algo::program::{Post, Pre, Single};
 use crate::algo::{Layout, Program, Scope};
+use crate::transport::lane::RawBuf;
 use crate::transport::local::Peers;
-use crate::transport::quic::RawBuf;
 use std::time::Instant;
 
 /// One call as its phases see it.

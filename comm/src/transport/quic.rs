@@ -160,7 +160,7 @@ pub fn describe_conn_error(e: &ConnectionError) -> String {
 mod chan;
 mod lane;
 
-pub(crate) use lane::{LaneError, LaneLinks, RawBuf, RingJob};
+pub(crate) use lane::LaneLinks;
 
 #[cfg(test)]
 mod tests {

@@ -5,11 +5,12 @@
 //! the frame it depends on has landed. Frames (1 MiB by default) pipeline the ring the way
 //! NCCL's slices do. Which frames go where is the pure plan of `algo::frames`.
 
-use super::lane::{LaneCtx, LaneError, RawBuf};
+use super::lane::LaneCtx;
 use super::{CLOSE_REASON_WAIT, describe_conn_error};
 use crate::algo::frames::RingFrames;
 use crate::codec::{self, Apply};
 use crate::error::{TransportError, WireError};
+use crate::transport::lane::{LaneError, RawBuf};
 use crate::transport::quic::close_code;
 use crate::wire::{FRAME_HEADER_LEN, FrameHeader, WireDtype};
 use bytes::Bytes;

@@ -5,57 +5,15 @@
 //! tasks of their own on the network runtime, on as many cores as it has.
 
 use super::chan::Chan;
-use crate::algo::RingStep;
-use crate::algo::frames::{FrameCall, RingFrames, chain_frames, channel_pieces};
+use crate::algo::frames::{RingFrames, chain_frames, channel_pieces};
 use crate::error::TransportError;
+use crate::transport::lane::{Lane, LaneError, LaneRun, OwnedLaneTask, RawBuf, RingJob};
 use quinn::{Connection, RecvStream, SendStream};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio::time::{Instant, timeout_at};
-
-/// A raw view of a rank's buffer shared by a lane's sender and receiver.
-#[derive(Clone, Copy)]
-pub(crate) struct RawBuf {
-    ptr: *mut f32,
-    len: usize,
-}
-
-// SAFETY: the sender reads only ranges the receiver has finished writing (progress counter),
-// and the receiver writes ranges the sender does not read in the same step.
-unsafe impl Send for RawBuf {}
-unsafe impl Sync for RawBuf {}
-
-impl RawBuf {
-    /// # Safety
-    /// `ptr..ptr+len` must stay valid for as long as the `RawBuf` is used.
-    pub(crate) unsafe fn from_raw(ptr: *mut f32, len: usize) -> Self {
-        Self { ptr, len }
-    }
-
-    pub(crate) fn new(buf: &mut [f32]) -> Self {
-        Self {
-            ptr: buf.as_mut_ptr(),
-            len: buf.len(),
-        }
-    }
-
-    /// # Safety
-    /// Nobody writes `r` while the slice lives.
-    pub(super) unsafe fn read(&self, r: Range<usize>) -> &[f32] {
-        assert!(r.end <= self.len);
-        unsafe { std::slice::from_raw_parts(self.ptr.add(r.start), r.len()) }
-    }
-
-    /// # Safety
-    /// Nobody else reads or writes `r` while the slice lives.
-    #[allow(clippy::mut_from_ref)]
-    pub(super) unsafe fn write(&self, r: Range<usize>) -> &mut [f32] {
-        assert!(r.end <= self.len);
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(r.start), r.len()) }
-    }
-}
 
 /// Where a lane stands, for error messages ("waiting for ...").
 #[derive(Debug, Default)]
@@ -80,13 +38,6 @@ impl LaneProgress {
             self.recv_from.load(Ordering::Relaxed) as usize,
         )
     }
-}
-
-/// A lane failure: what went wrong (the error names the node), or the deadline passed.
-#[derive(Debug)]
-pub(crate) enum LaneError {
-    Failed(TransportError),
-    TimedOut,
 }
 
 /// What every channel of a lane shares: the lane's number, the peers' names for messages,
@@ -120,22 +71,6 @@ pub(crate) struct LaneLinks {
     pub progress: Arc<LaneProgress>,
     /// Bytes this lane has written to other nodes (frame headers included).
     pub sent: Arc<AtomicU64>,
-}
-
-/// One ring pass to execute on a lane.
-pub(crate) struct RingJob<'a> {
-    pub buf: RawBuf,
-    pub pieces: &'a [Range<usize>],
-    pub steps: &'a [RingStep],
-    pub next: usize,
-    pub prev: usize,
-    /// The call the frames belong to and what they carry; reductions accumulate in f32
-    /// whatever travels.
-    pub call: FrameCall,
-    pub step_base: u32,
-    /// The step whose sent piece this node also replaces by its decoded form (its own
-    /// finished piece at the start of an all-gather), so all nodes end bit-identical.
-    pub round_step: Option<usize>,
 }
 
 impl LaneLinks {
@@ -197,11 +132,6 @@ impl LaneLinks {
         self.chans
             .iter()
             .flat_map(|c| c.conns.iter().map(|(n, c)| (*n, c)))
-    }
-
-    /// Human description of a peer node.
-    pub(crate) fn describe(&self, node: usize) -> String {
-        self.ctx.describe(node)
     }
 
     /// Executes a ring step list by `deadline`: sends to `next`, receives from `prev`, each
@@ -353,5 +283,49 @@ impl LaneLinks {
             peer: "every other node".into(),
             reason: format!("lane {} lost a channel in an earlier call", self.lane),
         })
+    }
+}
+
+impl Lane for LaneLinks {
+    fn run(
+        mut self: Box<Self>,
+        task: OwnedLaneTask,
+        (code, seq): (u8, u64),
+        deadline: Instant,
+    ) -> LaneRun {
+        Box::pin(async move {
+            let res = match task {
+                OwnedLaneTask::Ring { job, pieces, steps } => {
+                    let job = RingJob {
+                        pieces: &pieces,
+                        steps: &steps,
+                        ..job
+                    };
+                    self.ring(job, deadline).await
+                }
+                OwnedLaneTask::Chain {
+                    buf,
+                    pieces,
+                    from,
+                    to,
+                } => {
+                    self.chain(buf, &pieces, from, to, code, seq, deadline)
+                        .await
+                }
+            };
+            (self as Box<dyn Lane>, res)
+        })
+    }
+
+    fn waiting(&self) -> (u64, u64, usize) {
+        self.progress.waiting()
+    }
+
+    fn sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
+    }
+
+    fn describe(&self, node: usize) -> String {
+        self.ctx.describe(node)
     }
 }
