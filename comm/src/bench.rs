@@ -3,9 +3,9 @@
 //!
 //! Conventions (nccl-tests, GB = 1e9 bytes):
 //! * size: all-reduce and broadcast the buffer; reduce-scatter its full input; all-gather its
-//!   full output; p2p the bytes sent each way.
+//!   full output; p2p and sendrecv the bytes sent each way.
 //! * algbw = size / time; busbw = algbw x 2(n-1)/n (all-reduce), x (n-1)/n (reduce-scatter,
-//!   all-gather), x 1 (broadcast, p2p).
+//!   all-gather), x 1 (broadcast, p2p, sendrecv).
 //! * time: per iteration, the slowest rank; the table reports the median over iterations
 //!   (ranks are lined up with a barrier before each timed call, which is not timed).
 //!
@@ -34,18 +34,24 @@ pub enum BenchOp {
     /// Raw exchange between neighbouring nodes, `size` bytes each way
     /// ([`ProcessGroup::p2p_exchange`]; skipped on one node).
     P2p,
+    /// Point-to-point messages around the ring of ranks: each rank sends `size` bytes to the
+    /// next rank and receives as many from the previous one ([`ProcessGroup::send`] and
+    /// [`ProcessGroup::recv`], what pipeline stages exchange; the send's copy of the buffer
+    /// is timed); skipped on one rank.
+    SendRecv,
     /// Baseline: one memcpy of `size` bytes on rank 0 (no communication).
     Memcpy,
 }
 
 impl BenchOp {
     /// Every collective, in table order ([`BenchOp::Memcpy`], a baseline, is not one).
-    pub const ALL: [BenchOp; 5] = [
+    pub const ALL: [BenchOp; 6] = [
         BenchOp::AllReduce,
         BenchOp::ReduceScatter,
         BenchOp::AllGather,
         BenchOp::Broadcast,
         BenchOp::P2p,
+        BenchOp::SendRecv,
     ];
 
     /// The name in flags and in the table (e.g. `"all-reduce"`).
@@ -56,6 +62,7 @@ impl BenchOp {
             Self::AllGather => "all-gather",
             Self::Broadcast => "broadcast",
             Self::P2p => "p2p",
+            Self::SendRecv => "sendrecv",
             Self::Memcpy => "memcpy",
         }
     }
@@ -74,7 +81,7 @@ impl BenchOp {
         match self {
             Self::AllReduce => 2.0 * (n - 1.0) / n,
             Self::ReduceScatter | Self::AllGather => (n - 1.0) / n,
-            Self::Broadcast | Self::P2p | Self::Memcpy => 1.0,
+            Self::Broadcast | Self::P2p | Self::SendRecv | Self::Memcpy => 1.0,
         }
     }
 }
@@ -249,6 +256,7 @@ impl Case<'_> {
             BenchOp::AllGather => pg.call(opts).all_gather_in_place(buf).wait()?,
             BenchOp::Broadcast => pg.broadcast(buf, root).wait()?,
             BenchOp::P2p => pg.p2p_exchange(buf).wait()?,
+            BenchOp::SendRecv => send_recv(pg, buf)?,
             BenchOp::Memcpy => {
                 if self.rank == 0 {
                     copy_dst.copy_from_slice(&buf);
@@ -297,6 +305,12 @@ impl Case<'_> {
                 count_wrong(&out[..half], 0.0, |i| value(rank, it, i))
                     + count_wrong(&out[half..], tol, |i| value(from, it, off + i))
             }
+            BenchOp::SendRecv => {
+                // The second half holds the previous rank's first half.
+                let (half, prev) = (out.len() / 2, (rank + world - 1) % world);
+                count_wrong(&out[..half], 0.0, |i| value(rank, it, i))
+                    + count_wrong(&out[half..], 0.0, |i| value(prev, it, i))
+            }
             BenchOp::Memcpy => count_wrong(copy_dst, 0.0, |i| value(rank, it, i)),
         };
         if matches!(
@@ -341,7 +355,8 @@ fn run_one(
     let mut wrong = 0u64;
     let mut wire_sent = 0u64;
     // One buffer for the whole run, like nccl-tests: allocation is not part of a collective.
-    let mut buf: Vec<f32> = vec![0.0; if op == BenchOp::P2p { 2 * len } else { len }];
+    let two_halves = matches!(op, BenchOp::P2p | BenchOp::SendRecv);
+    let mut buf: Vec<f32> = vec![0.0; if two_halves { 2 * len } else { len }];
     let mut copy_dst: Vec<f32> = if op == BenchOp::Memcpy && rank == 0 {
         vec![1.0; len]
     } else {
@@ -430,6 +445,16 @@ impl Case<'_> {
     }
 }
 
+/// Sends the first half of `buf` to the next rank and receives the previous rank's into the
+/// second half.
+fn send_recv(pg: &mut ProcessGroup, mut buf: Vec<f32>) -> Result<Vec<f32>, Error> {
+    let (rank, world, half) = (pg.rank(), pg.world(), buf.len() / 2);
+    let recv = pg.recv(half, (rank + world - 1) % world, 0);
+    pg.send(buf[..half].to_vec(), (rank + 1) % world, 0).wait()?;
+    buf[half..].copy_from_slice(&recv.wait()?);
+    Ok(buf)
+}
+
 /// Runs the whole spec on this rank. Every rank of the job must call it with the same spec.
 pub fn run_rank(
     pg: &mut ProcessGroup,
@@ -440,6 +465,9 @@ pub fn run_rank(
     for &op in &spec.ops {
         if op == BenchOp::P2p && pg.table().num_nodes() < 2 {
             continue; // p2p measures the link between nodes; one node has none
+        }
+        if op == BenchOp::SendRecv && pg.world() < 2 {
+            continue; // one rank has nobody to send to
         }
         for &bytes in &spec.sizes {
             let row = run_one(pg, op, bytes, spec)?;

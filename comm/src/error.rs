@@ -304,6 +304,58 @@ pub enum CollectiveError {
     /// why.
     #[error("invalid collective call: {0}")]
     InvalidCall(String),
+    /// A send or receive between two ranks did not complete within the collective timeout;
+    /// the node fails with it.
+    #[error(
+        "{op} (tag {tag}) between rank {rank} and rank {peer} timed out after {timeout:?}: \
+         {waiting_for}"
+    )]
+    P2pTimeout {
+        /// `send` or `recv`.
+        op: &'static str,
+        /// The global rank that timed out.
+        rank: usize,
+        /// The rank it sends to or receives from.
+        peer: usize,
+        /// The message's tag.
+        tag: u64,
+        /// The timeout that passed.
+        timeout: Duration,
+        /// What it waited for.
+        waiting_for: String,
+    },
+    /// A send or receive between two ranks failed: its node, or the link to the peer's node,
+    /// failed first.
+    #[error("{op} (tag {tag}) between rank {rank} and rank {peer} failed: {reason}")]
+    P2pFailed {
+        /// `send` or `recv`.
+        op: &'static str,
+        /// The global rank that reports the failure.
+        rank: usize,
+        /// The rank it sends to or receives from.
+        peer: usize,
+        /// The message's tag.
+        tag: u64,
+        /// Why it failed.
+        reason: String,
+    },
+    /// A receive got a message of another length than it was posted for.
+    #[error(
+        "recv (tag {tag}) on rank {rank}: rank {peer} sent {got} elements, this receive \
+         expects {want}"
+    )]
+    P2pLength {
+        /// The receiving rank.
+        rank: usize,
+        /// The sending rank.
+        peer: usize,
+        /// The message's tag.
+        tag: u64,
+        /// Elements the message holds.
+        got: usize,
+        /// Elements the receive was posted for.
+        want: usize,
+    },
     /// The rank's communication thread has stopped (it panicked, or the group shut down).
     #[error("the communication worker of rank {rank} is gone ({why})")]
     WorkerGone {

@@ -154,6 +154,10 @@ pub struct ProcessGroup {
     /// unless [`ProcessGroup::set_timeout`] says otherwise).
     timeout: Duration,
     aborter: Aborter,
+    /// The node's point-to-point messaging (`send`, `recv`).
+    p2p: Arc<crate::p2p::P2p>,
+    /// The last number given to a message call (apart from the collectives').
+    messages: u64,
 }
 
 /// Locks the flight recorder, also after a panic elsewhere (it only holds plain data).
@@ -530,6 +534,7 @@ mod bytes;
 pub use bytes::MAX_BYTES;
 mod call;
 mod executor;
+mod messages;
 mod node;
 mod phases;
 

@@ -35,6 +35,7 @@ pub mod group;
 #[cfg(feature = "nccl")]
 pub mod nccl;
 pub mod op;
+pub(crate) mod p2p;
 pub mod rendezvous;
 pub mod tls;
 pub mod topology;

@@ -21,11 +21,16 @@ pub enum OpKind {
     /// Raw transport measurement between neighbouring nodes, not a collective
     /// ([`crate::ProcessGroup::p2p_exchange`]; wire code 6).
     P2p,
+    /// A message to one rank ([`crate::ProcessGroup::send`]); not a collective, numbered
+    /// apart from the collectives.
+    Send,
+    /// A message from one rank ([`crate::ProcessGroup::recv`]); as [`Self::Send`].
+    Recv,
 }
 
 impl OpKind {
     /// The largest wire code of any kind (frames with a larger op code are rejected).
-    pub const MAX_CODE: u8 = 6;
+    pub const MAX_CODE: u8 = 8;
 
     /// The code frames between nodes carry for this kind (1 to [`Self::MAX_CODE`]).
     pub fn code(self) -> u8 {
@@ -36,6 +41,8 @@ impl OpKind {
             Self::Broadcast => 4,
             Self::Barrier => 5,
             Self::P2p => 6,
+            Self::Send => 7,
+            Self::Recv => 8,
         }
     }
 
@@ -48,6 +55,8 @@ impl OpKind {
             Self::Broadcast => "broadcast",
             Self::Barrier => "barrier",
             Self::P2p => "p2p",
+            Self::Send => "send",
+            Self::Recv => "recv",
         }
     }
 }

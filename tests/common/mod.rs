@@ -165,7 +165,7 @@ pub fn refused_within<S: AsRef<OsStr> + Debug>(
 }
 
 pub mod skip;
-pub use skip::skip_unless_ci;
+pub(crate) use skip::skip_unless_ci;
 
 /// An example binary `cargo test` builds next to the test binaries.
 pub fn example(name: &str) -> std::path::PathBuf {

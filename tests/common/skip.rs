@@ -10,13 +10,13 @@ use std::io::Write;
 
 /// A prerequisite of the calling test is missing (`why`): fails when `CI` is set, else skips
 /// loudly; the caller then returns.
-pub fn skip_unless_ci(why: &str) {
+pub(crate) fn skip_unless_ci(why: &str) {
     skip_unless(why, false);
 }
 
 /// [`skip_unless_ci`], except that `allowed` lets the test skip under CI too (a prerequisite
 /// CI cannot have, such as a GPU, when the run says so); the skip is still listed.
-pub fn skip_unless(why: &str, allowed: bool) {
+pub(crate) fn skip_unless(why: &str, allowed: bool) {
     let test = std::thread::current().name().unwrap_or("?").to_string();
     assert!(
         std::env::var_os("CI").is_none() || allowed,

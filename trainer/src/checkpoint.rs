@@ -52,38 +52,73 @@ pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum CheckpointError {
+    /// Reading, writing, renaming, listing or locking a file or directory failed.
     #[error("checkpoint {path}: {source}")]
     Io {
+        /// The file or directory the operation was on.
         path: PathBuf,
+        /// The operating system's error.
         source: std::io::Error,
     },
+    /// A file's SHA-256 differs from the one its manifest records.
     #[error(
-        "checkpoint file {path}: checksum mismatch (manifest says sha256 {expected}, file has {found}); the file is corrupted, refusing to load it"
+        "checkpoint file {path}: checksum mismatch (manifest says sha256 {expected}, file has \
+         {found}); the file is corrupted, refusing to load it"
     )]
     Checksum {
+        /// The file.
         path: PathBuf,
+        /// The lowercase hex SHA-256 the manifest records.
         expected: String,
+        /// The lowercase hex SHA-256 of the bytes on disk.
         found: String,
     },
+    /// A manifest or shard fails its checks (size, format, ranges, tensors), a shard being
+    /// written does not match its ranges, or an export cannot be serialized.
     #[error("checkpoint file {path}: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        /// The file (the step directory for an export, `<shard being written>` when encoding).
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The directory holds no step directory with a manifest.
     #[error("no valid checkpoint (a step-* directory with a {MANIFEST}) in {0}")]
     NotFound(PathBuf),
+    /// The checkpoint is valid but does not fit the run loading it (model size, layout,
+    /// optimizer, requested ranges).
     #[error("checkpoint {path} does not fit this run: {reason}")]
-    Mismatch { path: PathBuf, reason: String },
+    Mismatch {
+        /// The step directory.
+        path: PathBuf,
+        /// What differs.
+        reason: String,
+    },
+    /// A fresh run was pointed at a directory that already holds valid checkpoints.
     #[error(
         "{} already holds checkpoints of an earlier run (steps {steps:?}); a fresh run there \
          would mix with them. Continue that run (--resume), move them aside and start afresh \
          (--overwrite-checkpoints: they go to {}/previous-<time>/), or pick another directory",
         .dir.display(), .dir.display()
     )]
-    InUse { dir: PathBuf, steps: Vec<usize> },
+    InUse {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The steps of its valid checkpoints, oldest first.
+        steps: Vec<usize>,
+    },
+    /// Another process holds the directory's lock file.
     #[error(
         "checkpoint directory {} is in use by another run ({holder}); give this run its own \
          directory, or wait for that one to end and pass --resume to continue it",
         .dir.display()
     )]
-    Locked { dir: PathBuf, holder: String },
+    Locked {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// The holder as its lease describes it (host, pid, job), or why it is unknown.
+        holder: String,
+    },
 }
 
 pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -97,29 +132,41 @@ pub(crate) fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ScalarValue {
+    /// A signed integer.
     Int(i64),
+    /// An unsigned integer.
     UInt(u64),
+    /// A floating-point number.
     Float(f64),
+    /// A boolean.
     Bool(bool),
 }
 
 /// One parameter of the flat layout.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayoutEntry {
+    /// The parameter's module path (Burn's store naming).
     pub path: String,
+    /// The tensor's shape.
     pub shape: Vec<usize>,
+    /// Where it starts in the flat vector, in elements.
     pub offset: usize,
+    /// Its size in elements (the product of `shape`).
     pub len: usize,
 }
 
 /// One shard file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileEntry {
+    /// The file name inside the step directory (a plain name, no path).
     pub name: String,
+    /// The rank that wrote it.
     pub rank: usize,
     /// Flat-vector element ranges `[start, end)` in the order their data is stored.
     pub ranges: Vec<[usize; 2]>,
+    /// The file's size in bytes.
     pub bytes: u64,
+    /// The lowercase hex SHA-256 of the file's bytes.
     pub sha256: String,
 }
 
@@ -127,14 +174,19 @@ pub struct FileEntry {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// The format tag, [`FORMAT`].
     pub format: String,
     /// Optimizer steps completed; training resumes at this step index.
     pub step: usize,
+    /// The writing run's strategy by name (`ddp`, `zero2`, ...).
     pub strategy: String,
+    /// The writing run's number of ranks.
     pub world: usize,
     /// Ranks of each node, node-major.
     pub ranks_per_node: Vec<usize>,
+    /// Elements in the flat parameter vector.
     pub total: usize,
+    /// The parameters' places in the flat vector, in order, covering `0..total`.
     pub layout: Vec<LayoutEntry>,
     /// "adamw" or "sgd".
     pub optim_kind: String,
@@ -146,6 +198,7 @@ pub struct Manifest {
     /// data order is a pure function of (seed, global batch, step), so this is the sampler
     /// and RNG state.
     pub run: serde_json::Value,
+    /// The shard files, whose ranges cover the flat vector exactly once.
     pub files: Vec<FileEntry>,
     /// The run that wrote it (random, fixed for a run and kept across `--resume`): pruning
     /// removes only checkpoints of its own run. Empty in checkpoints of older releases.
@@ -167,8 +220,11 @@ pub struct Manifest {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BuffersManifest {
+    /// The state tensors' places in the file's `params`, covering `0..total`.
     pub layout: Vec<LayoutEntry>,
+    /// Elements of non-trained state in all.
     pub total: usize,
+    /// The file holding it (written as [`BUFFERS_FILE`]), with the one range `[0, total]`.
     pub file: FileEntry,
 }
 
@@ -197,7 +253,9 @@ pub struct DilocoManifest {
 pub struct OuterData {
     /// The parameters at the start of the round.
     pub anchor: Vec<f32>,
+    /// The outer Nesterov momentum over the whole flat vector.
     pub momentum: Vec<f32>,
+    /// Inner steps done when the checkpoint was written ([`DilocoManifest::inner_done`]).
     pub inner_done: usize,
 }
 
@@ -216,7 +274,6 @@ pub fn shard_file_name(rank: usize) -> String {
     format!("shard-{rank:05}.safetensors")
 }
 
-/// Lowercase hex of a digest.
 #[cfg(test)]
 mod tests {
     use super::*;

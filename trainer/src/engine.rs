@@ -1,5 +1,5 @@
-//! The trainer: runs one optimizer step of a Burn module under a [`Strategy`](crate::strategy::Strategy) across the
-//! ranks of a [`ProcessGroup`].
+//! The trainer: runs one optimizer step of a Burn module under a
+//! [`Strategy`](crate::strategy::Strategy) across the ranks of a [`ProcessGroup`].
 //!
 //! A complete, tested example is in the crate documentation ([`crate`]); in short:
 //! `Trainer::new(model, &device, TrainerConfig::new(Strategy::Zero2), pg)?`, then per step
@@ -42,6 +42,8 @@ pub(crate) use recover::{Recovered, Recovery};
 pub use report::{MemoryReport, StepReport, hidden_share};
 pub use units::effective_units;
 
+/// One rank's trainer: its model, its part of the flat parameters and of the optimizer state,
+/// and the strategy's gradient sync with the other ranks of its process group.
 pub struct Trainer<M: Module> {
     model: Option<M>,
     layout: FlatLayout,
@@ -81,8 +83,8 @@ pub struct Trainer<M: Module> {
 
 impl<M: Module> Trainer<M> {
     /// Checks that every rank has the same model, starts every rank from rank 0's parameters
-    /// and allocates this rank's optimizer state. For [`Strategy::Zero3`](crate::strategy::Strategy::Zero3) use
-    /// [`Trainer::with_units`].
+    /// and allocates this rank's optimizer state. For
+    /// [`Strategy::Zero3`](crate::strategy::Strategy::Zero3) use [`Trainer::with_units`].
     pub fn new(
         model: M,
         device: &Device,
@@ -184,6 +186,8 @@ impl<M: Module> Trainer<M> {
         }
     }
 
+    /// The model as this rank holds it between steps (under ZeRO-3 and HSDP with placeholder
+    /// parameters; [`Trainer::into_full_model`] gathers them).
     pub fn model(&self) -> &M {
         self.model.as_ref().expect("model present between steps")
     }
@@ -197,6 +201,7 @@ impl<M: Module> Trainer<M> {
         model
     }
 
+    /// Where each parameter lies in the flat vector.
     pub fn layout(&self) -> &FlatLayout {
         &self.layout
     }
@@ -297,6 +302,7 @@ impl<M: Module> Trainer<M> {
         Ok(full)
     }
 
+    /// Bytes this rank holds of parameters, gradients and optimizer state.
     pub fn memory(&self) -> MemoryReport {
         self.memory
     }
@@ -319,12 +325,11 @@ impl<M: Module> Trainer<M> {
         self.held.buckets.iter().map(|b| b.len()).max().unwrap_or(0)
     }
 
+    /// This rank's process group (collectives take it mutably).
     pub fn process_group(&mut self) -> &mut ProcessGroup {
         &mut self.pg
     }
 
-    /// A flag this rank raises to ask for a stop (e.g. on Ctrl-C). It travels with the step's
-    /// loss reduction, so every rank sees [`StepReport::stop`] after the same step.
     /// Uneven batches: this rank trains on `share` of the `global` samples of each step (the
     /// shares of all ranks sum to `global`). Its gradient and loss are weighted by
     /// `share · world / global` before the mean over ranks, so the update equals the
@@ -333,6 +338,8 @@ impl<M: Module> Trainer<M> {
         self.sample_weight = (share * self.pg.world()) as f32 / global.max(1) as f32;
     }
 
+    /// A flag this rank raises to ask for a stop (e.g. on Ctrl-C). It travels with the step's
+    /// loss reduction, so every rank sees [`StepReport::stop`] after the same step.
     pub fn set_stop_flag(&mut self, flag: Arc<AtomicBool>) {
         self.stop = Some(flag);
     }

@@ -20,16 +20,23 @@ use std::time::Instant;
 /// Why the loop stopped with an error.
 #[derive(Debug, thiserror::Error)]
 pub enum FitError {
+    /// The trainer failed: a step, a checkpoint, the configuration.
     #[error(transparent)]
     Train(#[from] TrainError),
+    /// A collective of the loop's own failed (the speed exchange, the trace's clock offset,
+    /// the summary's memory gather).
     #[error(transparent)]
     Comm(#[from] wiretrain_comm::Error),
+    /// Writing the metrics, the final parameters or the traces failed.
     #[error("{context}: {source}")]
     Io {
+        /// What was being written (the option and its path).
         context: String,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// Drawing the plot failed, or a plot was asked of a build without the `plot` feature.
     #[error("plot: {0}")]
     Plot(String),
     /// The job's environment is wrong (e.g. WIRETRAIN_RESTARTS is not JSON).
@@ -38,7 +45,9 @@ pub enum FitError {
     /// The job failed and this node could not heal from live replicas.
     #[error("{failure}; healing from live replicas failed: {source}")]
     Heal {
+        /// The error that cut the step off, in words.
         failure: String,
+        /// Why the heal failed.
         #[source]
         source: Box<crate::engine::RecoverError>,
     },
@@ -57,14 +66,18 @@ fn io(context: String, source: std::io::Error) -> FitError {
 /// One step's point: what the run's plot draws.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct PlotPoint {
+    /// The step index.
     pub step: usize,
+    /// The step's loss.
     pub loss: f64,
+    /// Samples per second over all ranks: the global batch over the step's time.
     pub samples_per_s: f64,
 }
 
 /// Where and how often checkpoints are written.
 #[derive(Debug, Clone)]
 pub struct CheckpointPlan {
+    /// The checkpoint directory (step directories go inside it).
     pub dir: PathBuf,
     /// Every this many steps (one is also written after the last step and on a stop).
     pub every: Option<usize>,
@@ -82,11 +95,13 @@ pub struct CheckpointPlan {
 /// What the loop does besides stepping.
 #[derive(Debug, Clone)]
 pub struct FitOptions {
+    /// The run's total steps: the loop ends after step `steps - 1`.
     pub steps: usize,
     /// Samples per step over all ranks (what samples/s counts).
     pub global_batch: usize,
     /// Micro-batches per step (recorded; the step function runs them).
     pub accumulate: usize,
+    /// How the global batch is split between ranks (equal, by measured speed, or fixed).
     pub balance: Balance,
     /// One JSON line per step and a summary (rank 0 writes it).
     pub metrics: Option<PathBuf>,
@@ -98,6 +113,7 @@ pub struct FitOptions {
     pub plot: Option<PathBuf>,
     /// Progress bar on rank 0's stderr (hidden when stderr is not a terminal).
     pub progress: bool,
+    /// Checkpoints to write and resume from; none when `None`.
     pub checkpoint: Option<CheckpointPlan>,
     /// One Chrome trace file per rank into this directory.
     pub trace: Option<PathBuf>,
@@ -145,11 +161,15 @@ impl FitOptions {
 
 /// What [`fit`] hands back.
 pub struct Fitted<M: Module> {
+    /// The trainer after the last step.
     pub trainer: Trainer<M>,
     /// The last step done, when the stop flag ended the run early.
     pub stopped_after: Option<usize>,
+    /// Steps this process ran (not those a resumed checkpoint held).
     pub steps_done: usize,
+    /// The loss of the first step this process ran, if it ran one.
     pub first_loss: Option<f64>,
+    /// The loss of the last step this process ran, if it ran one.
     pub final_loss: Option<f64>,
 }
 

@@ -26,26 +26,49 @@ use wiretrain_comm::{Node, ProcessGroup};
 /// Why a node could not heal (it then fails as it would without healing).
 #[derive(Debug, thiserror::Error)]
 pub enum HealError {
+    /// The launcher's answer did not come within the heal wait.
     #[error("no answer from the elastic launcher in {dir} within {secs:.0} s")]
-    NoAnswer { dir: PathBuf, secs: f64 },
+    NoAnswer {
+        /// The heal directory.
+        dir: PathBuf,
+        /// The wait, in seconds.
+        secs: f64,
+    },
+    /// The launcher answered with a stop (its reason): it restarts from a checkpoint instead.
     #[error("the elastic launcher does not heal this failure: {0}")]
     Refused(String),
+    /// Writing the ready file or reading the answer failed.
     #[error("the heal directory {path}: {source}")]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
+    /// The answer is too large, not JSON of an [`Answer`], or an assignment that does not fit
+    /// (node rank out of range, epoch not later, options the node cannot join with).
     #[error("the launcher's answer {path} is not valid: {reason}")]
-    BadAnswer { path: PathBuf, reason: String },
+    BadAnswer {
+        /// The answer file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Joining the new epoch's job failed.
     #[error("joining epoch {epoch}: {source}")]
     Join {
+        /// The epoch being joined.
         epoch: u64,
+        /// The communication layer's error.
         #[source]
         source: wiretrain_comm::Error,
     },
+    /// The stop flag was raised while waiting for the answer.
     #[error("stopped by a signal while waiting for the next epoch")]
     Stopped,
+    /// Another local rank abandoned the heal or its heal failed (that error, in words), or
+    /// the node's ranks did not all arrive in time.
     #[error("another local rank could not heal: {0}")]
     Other(String),
 }
@@ -53,6 +76,7 @@ pub enum HealError {
 /// What a node that lost its job tells the launcher.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Ready {
+    /// The node process's id (the answer file is named by it).
     pub pid: u32,
     /// The epoch it lost.
     pub epoch: u64,
@@ -60,20 +84,26 @@ pub struct Ready {
     pub step: usize,
     /// The error that ended the epoch for it.
     pub reason: String,
+    /// When it wrote this, in ms since the Unix epoch.
     pub unix_ms: u64,
 }
 
 /// A node's place in the next epoch.
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Assignment {
+    /// The new epoch (later than the one lost).
     pub epoch: u64,
+    /// Node processes in the new epoch.
     pub nnodes: usize,
+    /// This node's rank in it (0 hosts the coordinator).
     pub node_rank: usize,
     /// The coordinator (node 0 binds it, port 0 for any).
     pub master: String,
+    /// The local address to bind, if set.
     pub bind: Option<SocketAddr>,
-    /// Node 0 writes its address and certificate fingerprint here.
+    /// Node 0 writes its bound address here.
     pub addr_file: Option<PathBuf>,
+    /// Node 0 writes its certificate's SHA-256 here.
     pub fingerprint_file: Option<PathBuf>,
     /// Node 0's certificate, pinned by the others.
     pub master_sha256: Option<String>,
@@ -88,6 +118,7 @@ pub struct Assignment {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Answer {
+    /// Join the next epoch in this place.
     Assign(Assignment),
     /// No heal: the node fails (its launcher restarts the job from a checkpoint).
     Stop(String),
@@ -145,6 +176,7 @@ pub fn write_json(path: &Path, value: &impl serde::Serialize) -> std::io::Result
 
 /// A rank's new place after a heal.
 pub struct Rejoined {
+    /// The rank's process group in the new epoch.
     pub pg: ProcessGroup,
     /// The new epoch and the launch's restarts and heals so far.
     pub elastic: Elastic,

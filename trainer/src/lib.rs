@@ -33,6 +33,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs, unreachable_pub)]
+
 pub use wiretrain_comm as comm;
 
 pub mod auto;

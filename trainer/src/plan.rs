@@ -70,7 +70,9 @@ pub const PLANNED: [Strategy; 6] = [
 /// faster step is not the whole story: its cost in loss is the user's call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct DilocoPlan {
+    /// H, the inner steps between outer steps.
     pub inner_steps: u64,
+    /// Whether a DiLoCo row may be recommended.
     pub allowed: bool,
 }
 
@@ -84,24 +86,32 @@ pub struct PlanInput {
     pub params: f64,
     /// When known: the shape (activation memory is counted only then).
     pub shape: Option<Shape>,
+    /// Sequence length in tokens.
     pub seq: u64,
     /// Sequences per device per micro-step.
     pub micro_batch: u64,
     /// Sequences per optimizer step over all devices.
     pub global_batch: u64,
+    /// Nodes (n).
     pub nodes: u64,
+    /// Devices per node (g).
     pub gpus_per_node: u64,
     /// Device memory in bytes.
     pub device_mem: f64,
+    /// The training precision, which sets the bytes of model state per parameter.
     pub precision: Precision,
+    /// The dtype elements travel in between nodes.
     pub wire: WireDtype,
     /// Rows that put another dtype on the wire than `wire`, by row name (`ddp`, `diloco`,
     /// `diloco-hybrid`, ...): what each would run with `--wire-dtype`.
     pub wire_rows: Vec<(String, WireDtype)>,
     /// Achieved (not peak) TFLOP/s per device.
     pub tflops: f64,
+    /// The link between the devices of a node.
     pub intra: Link,
+    /// The link between nodes (each node's, shared by its devices).
     pub inter: Link,
+    /// Activations are recomputed in the backward pass (stage 3 always recomputes).
     pub recompute: bool,
     /// DDP, ZeRO-1/2 and hybrid reduce each unit's gradient during backward (wiretrain's
     /// `--overlap`; ZeRO-3 and HSDP always do).
@@ -109,6 +119,7 @@ pub struct PlanInput {
     /// ZeRO-3 prefetches the next unit's parameters while a unit computes, hiding its
     /// all-gathers behind compute.
     pub prefetch: bool,
+    /// How ranks are ordered over the nodes.
     pub rank_order: RankOrder,
     /// The model is cut into units (`wiretrain::units::Units`), this many effective ones
     /// (`(Σ size)² / Σ size²`, as many equal units as overlap the same way: see
@@ -124,13 +135,18 @@ pub struct PlanInput {
 pub struct Comm {
     /// Elements in the large-N limit (2Ψ, 3Ψ).
     pub volume: f64,
+    /// Bytes over the intra-node link.
     pub intra_bytes: f64,
+    /// Bytes over the inter-node link.
     pub inter_bytes: f64,
+    /// Seconds on the intra-node link.
     pub intra_s: f64,
+    /// Seconds on the inter-node link.
     pub inter_s: f64,
 }
 
 impl Comm {
+    /// Seconds on both link levels together (nothing overlapped).
     pub fn seconds(&self) -> f64 {
         self.intra_s + self.inter_s
     }
@@ -169,20 +185,33 @@ pub struct StrategyPlan {
     pub exact: bool,
     /// What the row puts on the wire between nodes.
     pub wire: WireDtype,
+    /// Parameter bytes per device.
     pub params_bytes: f64,
+    /// Gradient bytes per device.
     pub grads_bytes: f64,
+    /// Optimizer state bytes per device (with DiLoCo's anchor and outer momentum).
     pub optim_bytes: f64,
+    /// Activation bytes per device (0 without a shape).
     pub activation_bytes: f64,
+    /// The four above together: bytes per device.
     pub bytes_per_device: f64,
+    /// `bytes_per_device` is at most the device memory.
     pub fits: bool,
     /// Elements communicated per device per step in the large-N limit (2Ψ or 3Ψ).
     pub volume_elems: f64,
+    /// Bytes per device per step over the intra-node link.
     pub comm_bytes_intra: f64,
+    /// Bytes per device per step over the inter-node link.
     pub comm_bytes_inter: f64,
+    /// Seconds of compute per step.
     pub compute_s: f64,
+    /// Seconds of communication per step, overlapped or not.
     pub comm_s: f64,
+    /// Predicted seconds per step: compute plus the communication it waits for.
     pub step_s: f64,
+    /// Tokens per second over all devices.
     pub tokens_per_s: f64,
+    /// The row [`PlanInput::plan`] recommends (at most one).
     pub recommended: bool,
 }
 
@@ -209,7 +238,8 @@ impl PlanInput {
         let n = self.nodes * self.gpus_per_node;
         if self.global_batch == 0 || !self.global_batch.is_multiple_of(n * self.micro_batch) {
             return Err(format!(
-                "--global-batch {} must be a positive multiple of devices ({n}) x --micro-batch ({})",
+                "--global-batch {} must be a positive multiple of devices ({n}) x \
+                 --micro-batch ({})",
                 self.global_batch, self.micro_batch
             ));
         }

@@ -88,7 +88,7 @@ impl Program {
             OpKind::ReduceScatter => p(R::Reduce, L::ReduceScatter, P::OwnChunk, S::ReduceScatter),
             OpKind::AllGather => p(R::CollectChunks, L::AllGather, P::OtherLanes, S::Gather),
             OpKind::Broadcast => p(R::FromRoot, L::Chain, P::OtherLanes, S::Broadcast),
-            OpKind::P2p => None,
+            OpKind::P2p | OpKind::Send | OpKind::Recv => None,
         }
     }
 

@@ -5,6 +5,7 @@ use super::{Executor, Gone, Job, ProcessGroup};
 use crate::abort::{Aborter, FailHook};
 use crate::config::NodeConfig;
 use crate::error::{Error, RendezvousError, TransportError};
+use crate::p2p::{self, Mailbox, P2p};
 use crate::rendezvous::{self, Peer};
 use crate::tls::JobIdentity;
 use crate::topology::RankTable;
@@ -70,7 +71,10 @@ impl Node {
         let k = table.ranks_on(node);
         let shared = Arc::new(NodeShared::new(k));
         let ep2 = endpoint.clone();
+        let mailbox: Arc<Mailbox> = Arc::default();
+        let mb = mailbox.clone();
         let on_fail: FailHook = Arc::new(move |why: String| {
+            mb.fail(&why);
             let mut why = why.into_bytes();
             why.truncate(900); // a CONNECTION_CLOSE reason must fit in a packet
             ep2.close(VarInt::from_u32(close_code::FAILED), &why);
@@ -79,6 +83,12 @@ impl Node {
             .iter()
             .flat_map(|l| l.conns().map(|(n, c)| (n, c.clone())))
             .collect();
+        let deadline = tokio::time::Instant::now() + cfg.rendezvous_timeout;
+        let streams = runtime
+            .block_on(p2p::open(&peers, node, deadline))
+            .map_err(|(node, reason)| RendezvousError::Mesh { node, reason })?;
+        let (rt, t) = (runtime.handle().clone(), table.clone());
+        let p2p = Arc::new(P2p::start(rt, mailbox, t, node, &peers, streams));
         let mut lanes: Vec<Option<LaneLinks>> = lanes.into_iter().map(Some).collect();
         let mut groups = Vec::with_capacity(k);
         for local in 0..k {
@@ -108,7 +118,13 @@ impl Node {
                 local,
                 rank,
             };
-            groups.push(start_rank(ex, aborter, sent, cfg.collective_timeout)?);
+            groups.push(start_rank(
+                ex,
+                aborter,
+                sent,
+                cfg.collective_timeout,
+                p2p.clone(),
+            )?);
         }
         Ok(Node {
             table,
@@ -264,6 +280,7 @@ fn start_rank(
     aborter: Aborter,
     sent: Option<Arc<std::sync::atomic::AtomicU64>>,
     timeout: Duration,
+    p2p: Arc<P2p>,
 ) -> Result<ProcessGroup, Error> {
     let (rank, local, node) = (ex.rank, ex.local, ex.node);
     let (table, scopes) = (ex.table.clone(), ex.scopes.clone());
@@ -313,6 +330,8 @@ fn start_rank(
         timeout,
         gone,
         aborter,
+        p2p,
+        messages: 0,
     })
 }
 

@@ -11,8 +11,9 @@ use std::path::Path;
 pub struct Exported {
     /// The checkpoint's step.
     pub step: usize,
-    /// Parameter elements and tensors.
+    /// Parameter elements written.
     pub params: usize,
+    /// Parameter tensors written.
     pub tensors: usize,
     /// Tensors of non-trained module state (0 for a checkpoint of an older release, which
     /// holds none).

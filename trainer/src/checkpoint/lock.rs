@@ -20,10 +20,13 @@ pub const LOCK_FILE: &str = "wiretrain.lock";
 /// Who holds a checkpoint directory, as its lock file says.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Lease {
+    /// The holder's host name.
     pub host: String,
+    /// The holder's process id on that host.
     pub pid: u32,
     /// The batch system's job id (Slurm, PBS, LSF, SGE, Flux) or the launch's, if any.
     pub job: Option<String>,
+    /// When the holder took the lease, in seconds since the Unix epoch.
     pub started_unix: u64,
 }
 

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 /// A checkpoint opened for reading: its manifest, checked.
 #[derive(Debug, Clone)]
 pub struct Checkpoint {
+    /// The step directory it was read from.
     pub dir: PathBuf,
+    /// Its manifest, validated.
     pub manifest: Manifest,
 }
 

@@ -47,16 +47,21 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 /// state tensors over them (each as long as the ranges together).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ShardData {
+    /// Flat-vector element ranges, in the order the data below is laid out.
     pub ranges: Vec<Range<usize>>,
+    /// The parameters over `ranges`, concatenated.
     pub params: Vec<f32>,
+    /// Each optimizer state tensor by name (without the `state.` prefix), over `ranges`.
     pub state: Vec<(String, Vec<f32>)>,
 }
 
 impl ShardData {
+    /// Elements covered by `ranges` together.
     pub fn len(&self) -> usize {
         self.ranges.iter().map(|r| r.len()).sum()
     }
 
+    /// Whether `ranges` cover no element.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

@@ -16,7 +16,7 @@ use wiretrain_comm::{Node, ReduceOp};
 
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
-    /// Collectives to measure: all-reduce, reduce-scatter, all-gather, broadcast, p2p
+    /// Collectives to measure: all-reduce, reduce-scatter, all-gather, broadcast, p2p, sendrecv
     /// (comma-separated, or "all"); "memcpy" adds a one-rank memcpy baseline row; "compute"
     /// (alone) measures the training compute rate of a built-in example instead.
     #[arg(long, default_value = "all-reduce")]
@@ -94,7 +94,7 @@ pub fn parse_ops(s: &str) -> Result<Vec<BenchOp>> {
     s.split(',')
         .map(|o| {
             BenchOp::parse(o.trim()).ok_or_else(|| {
-                crate::cli::usage_error(format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, memcpy, all)"))
+                crate::cli::usage_error(format!("--op: unknown collective {o:?} (all-reduce, reduce-scatter, all-gather, broadcast, p2p, sendrecv, memcpy, all)"))
             })
         })
         .collect()

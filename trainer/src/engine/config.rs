@@ -12,7 +12,7 @@ use std::time::Duration;
 use wiretrain_comm::WireDtype;
 
 /// Unit all-gathers ZeRO-3 may keep in flight ahead of the unit computing.
-pub const MAX_PREFETCH: usize = 16;
+pub(crate) const MAX_PREFETCH: usize = 16;
 
 /// Whether a model cut into [`Units`](crate::units::Units) runs DDP, ZeRO-1/2 and hybrid steps
 /// unit by unit, so that each unit's gradient reduction is in flight while the backward of
@@ -29,7 +29,10 @@ pub enum Overlap {
     /// is not DiLoCo, whose inner steps stay inside the node); off otherwise.
     #[default]
     Auto,
+    /// On, inside a node too; never under DiLoCo.
     On,
+    /// Off: the reductions follow the whole backward pass (ZeRO-3 and HSDP still step unit
+    /// by unit).
     Off,
 }
 
@@ -108,10 +111,12 @@ impl TrainerConfig {
         TrainerConfigBuilder(self.clone())
     }
 
+    /// The data-parallel strategy.
     pub fn strategy(&self) -> Strategy {
         self.strategy
     }
 
+    /// The optimizer and its settings (the learning rate aside).
     pub fn optim(&self) -> &OptimConfig {
         &self.optim
     }
@@ -136,6 +141,8 @@ impl TrainerConfig {
         self.wire
     }
 
+    /// Whether AdamW on a wgpu device runs as wiretrain's fused kernel (see the builder's
+    /// method).
     pub fn fused_optimizer(&self) -> bool {
         self.fused_optimizer
     }
@@ -150,18 +157,23 @@ impl TrainerConfig {
         self.overlap
     }
 
+    /// DiLoCo's outer-loop settings, when DiLoCo wraps the strategy.
     pub fn diloco(&self) -> Option<Diloco> {
         self.diloco
     }
 
+    /// How the ranks keep module state that is not trained in step (see the builder's
+    /// method).
     pub fn buffer_sync(&self) -> BufferSync {
         self.buffer_sync
     }
 
+    /// The deadline of a checkpoint save's collectives (see the builder's method).
     pub fn checkpoint_timeout(&self) -> Duration {
         self.checkpoint_timeout
     }
 
+    /// The injected faults and slowdowns (none by default).
     pub fn faults(&self) -> &Faults {
         &self.faults
     }
@@ -186,7 +198,9 @@ pub struct TrainerConfigBuilder(TrainerConfig);
 
 impl TrainerConfigBuilder {
     setters! {
+        /// The data-parallel strategy.
         strategy(strategy: Strategy);
+        /// The optimizer and its settings (AdamW by default); the learning rate is `lr`.
         optim(optim: OptimConfig);
         /// A positive, finite learning rate.
         lr(lr: f64);

@@ -20,7 +20,7 @@ mod diloco;
 
 /// What the ranks agreed on in a heal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Agreed {
+pub(crate) struct Agreed {
     /// Steps the agreed state holds.
     pub steps: usize,
     /// Whether some rank received its state from another.

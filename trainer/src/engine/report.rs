@@ -6,9 +6,12 @@ use serde::Serialize;
 /// Bytes a rank holds for model states (host copies included), as the ZeRO paper counts them.
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
 pub struct MemoryReport {
+    /// Peak bytes of f32 parameters held: the whole flat vector, or under ZeRO-3 and HSDP the
+    /// rank's shard plus the units gathered at once.
     pub params_bytes: usize,
     /// Peak bytes of flattened gradients held by wiretrain during a step.
     pub grads_bytes: usize,
+    /// Bytes of optimizer state for the elements this rank steps.
     pub optim_bytes: usize,
 }
 
@@ -17,10 +20,13 @@ pub struct MemoryReport {
 pub struct StepReport {
     /// Mean loss over the global batch (all ranks).
     pub loss: f32,
+    /// Milliseconds of forward, backward, flattening and unflattening on this rank.
     pub compute_ms: f64,
     /// Time spent waiting for communication (exposed, not overlapped).
     pub comm_ms: f64,
+    /// Milliseconds of the optimizer step.
     pub optim_ms: f64,
+    /// Milliseconds of the whole step, wall clock.
     pub step_ms: f64,
     /// ZeRO-3: the part of `comm_ms` spent waiting for unit all-gathers (0 otherwise).
     pub gather_ms: f64,

@@ -25,7 +25,7 @@ pub(super) struct Cut {
 
 impl Cut {
     /// Step `step` failed for `reason`; `applied`: its update had been applied.
-    pub fn failed(step: usize, applied: bool, reason: String) -> Self {
+    pub(super) fn failed(step: usize, applied: bool, reason: String) -> Self {
         Self {
             step,
             applied,
@@ -35,7 +35,7 @@ impl Cut {
     }
 
     /// Agents joined: after step `step` the world grows in place.
-    pub fn regroup(step: usize) -> Self {
+    pub(super) fn regroup(step: usize) -> Self {
         Self {
             step,
             applied: true,

@@ -24,7 +24,7 @@ pub(super) struct Pace {
 }
 
 impl Pace {
-    pub fn new<M: Module>(trainer: &mut Trainer<M>, run: &FitOptions) -> Self {
+    pub(super) fn new<M: Module>(trainer: &mut Trainer<M>, run: &FitOptions) -> Self {
         let faults = trainer.config().faults().clone();
         let pg = trainer.process_group();
         Self {
@@ -40,7 +40,7 @@ impl Pace {
 
     /// Step `step`: this rank's indices, the delays, the step function, and (balancing by
     /// speed) every rank's speed for the next step's shares.
-    pub fn step<M: Module>(
+    pub(super) fn step<M: Module>(
         &mut self,
         trainer: &mut Trainer<M>,
         sampler: &mut DistributedSampler,

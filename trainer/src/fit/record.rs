@@ -39,7 +39,7 @@ pub(super) struct Record {
 impl Record {
     /// Opens the metrics file (rank 0) and starts the clock and the peak-memory counters.
     /// An epoch after an elastic restart appends to the metrics of the epochs before it.
-    pub fn open(run: &FitOptions, leader: bool) -> Result<Self, FitError> {
+    pub(super) fn open(run: &FitOptions, leader: bool) -> Result<Self, FitError> {
         let elastic = crate::job::Elastic::from_env()?;
         let append = run.append_metrics || elastic.is_some();
         let last_step_before = match (&run.metrics, leader, &elastic) {
@@ -81,7 +81,7 @@ impl Record {
 
     /// A heal (`event`) moved this rank into `elastic`'s epoch; as rank 0 of it (`leader`)
     /// it now writes the metrics, appending to them.
-    pub fn healed(
+    pub(super) fn healed(
         &mut self,
         event: serde_json::Value,
         elastic: crate::job::Elastic,
@@ -106,12 +106,12 @@ impl Record {
         Ok(())
     }
 
-    pub fn steps_done(&self) -> usize {
+    pub(super) fn steps_done(&self) -> usize {
         self.points.len()
     }
 
     /// Records step `step`: its metrics line, its plot point, the bar.
-    pub fn step(
+    pub(super) fn step(
         &mut self,
         step: usize,
         rep: &StepReport,
@@ -192,7 +192,7 @@ impl Record {
 
     /// Ends the run: every rank's memory gathered, the summary line, `--save-params`, the
     /// plot and the closing line (rank 0).
-    pub fn finish<M: Module>(
+    pub(super) fn finish<M: Module>(
         mut self,
         mut trainer: Trainer<M>,
         run: &FitOptions,

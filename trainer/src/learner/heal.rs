@@ -42,7 +42,7 @@ pub(super) struct Spot {
 
 impl Spot {
     /// At the end of `epoch`, in `phase`.
-    pub fn at(epoch: usize, phase: Phase) -> Self {
+    pub(super) fn at(epoch: usize, phase: Phase) -> Self {
         Self {
             epoch,
             phase,

@@ -44,7 +44,7 @@ where
     <M as TrainStep>::Output: GlobalLoss,
 {
     /// A whole module: the gradients of `TrainStep::step` go to the trainer.
-    pub fn whole() -> Self {
+    pub(super) fn whole() -> Self {
         Self {
             build: Trainer::new,
             step: whole_step,
@@ -58,7 +58,7 @@ where
     <M as TrainStep>::Output: GlobalLoss,
 {
     /// Unit by unit: the trainer runs the units' forward and backward passes.
-    pub fn by_units() -> Self {
+    pub(super) fn by_units() -> Self {
         Self {
             build: Trainer::with_units,
             step: units_step,

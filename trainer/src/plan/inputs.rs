@@ -7,7 +7,9 @@ use std::str::FromStr;
 /// A link: bandwidth per direction (bytes/s) and per-message latency (s).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Link {
+    /// Bandwidth per direction, in bytes per second.
     pub bytes_per_s: f64,
+    /// Latency per message, in seconds.
     pub latency_s: f64,
 }
 
@@ -30,6 +32,7 @@ pub const PRESETS: &[(&str, f64, f64, &str)] = &[
 ];
 
 impl Link {
+    /// The link of the preset called `name` (see [`PRESETS`]), if there is one.
     pub fn preset(name: &str) -> Option<Self> {
         PRESETS
             .iter()
@@ -55,7 +58,10 @@ impl Link {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// Everything in f32: 4 bytes of parameters, 4 of gradients, 8 of optimizer state.
     F32,
+    /// 16-bit parameters and gradients (2 bytes each) with 12 bytes of f32 optimizer state
+    /// (master copy, m, v).
     Mixed,
 }
 
@@ -99,9 +105,13 @@ impl FromStr for RankOrder {
 /// A transformer's shape (for the parameter count and activation memory).
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Shape {
+    /// Transformer layers.
     pub layers: u64,
+    /// Hidden size h.
     pub hidden: u64,
+    /// Attention heads.
     pub heads: u64,
+    /// Vocabulary size, in tokens.
     pub vocab: u64,
 }
 

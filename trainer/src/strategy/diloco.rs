@@ -19,7 +19,9 @@ use wiretrain_comm::{CallOpts, ProcessGroup, RankTable, ReduceOp, Work};
 pub struct Diloco {
     /// Inner (local) optimizer steps per outer step (H).
     pub inner_steps: usize,
+    /// The outer SGD step's learning rate.
     pub outer_lr: f32,
+    /// The outer Nesterov momentum μ, in [0, 1).
     pub outer_momentum: f32,
 }
 
@@ -64,7 +66,7 @@ pub(crate) struct OuterState {
 
 impl OuterState {
     /// SHA-256 over the anchor, the momentum and both counters (what a heal compares).
-    pub fn digest(&self) -> [u8; 32] {
+    pub(crate) fn digest(&self) -> [u8; 32] {
         let mut h = Sha256::new();
         for v in [&self.anchor, &self.momentum] {
             h.update((v.len() as u64).to_le_bytes());
@@ -85,7 +87,7 @@ pub(crate) struct DilocoSync {
 
 impl DilocoSync {
     /// A first round that starts at `params`.
-    pub fn new(inner: Box<dyn GradSync>, cfg: Diloco, params: &[f32]) -> Self {
+    pub(crate) fn new(inner: Box<dyn GradSync>, cfg: Diloco, params: &[f32]) -> Self {
         Self {
             inner,
             cfg,

@@ -27,14 +27,21 @@
 
 use serde::{Deserialize, Serialize};
 
+/// A data-parallel strategy: a sharding [`Stage`] at a [`Scope`] (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Strategy {
+    /// Stage 0: gradients all-reduced, everything replicated.
     Ddp,
+    /// Stage 1 over the world: optimizer state sharded.
     Zero1,
+    /// Stage 2 over the world: optimizer state and gradients sharded.
     Zero2,
+    /// Stage 3 over the world: parameters sharded too, gathered unit by unit.
     Zero3,
+    /// Stage 2 inside the node, replicated across nodes (FSDP's HYBRID_SHARD_ZERO2).
     Hybrid,
+    /// Stage 3 inside the node, replicated across nodes (FSDP's HYBRID_SHARD).
     Hsdp,
 }
 
@@ -74,6 +81,7 @@ impl Strategy {
         Self::Hsdp,
     ];
 
+    /// What this strategy shards.
     pub fn stage(self) -> Stage {
         match self {
             Self::Ddp => Stage::Replicated,
@@ -83,6 +91,7 @@ impl Strategy {
         }
     }
 
+    /// Which ranks a shard spans.
     pub fn scope(self) -> Scope {
         match self {
             Self::Hybrid | Self::Hsdp => Scope::Node,

@@ -22,7 +22,7 @@ pub(crate) enum Reach {
 
 impl Reach {
     /// The reach of a strategy's shards at `scope` (without DiLoCo).
-    pub fn of(scope: super::Scope) -> Self {
+    pub(crate) fn of(scope: super::Scope) -> Self {
         match scope {
             super::Scope::World => Self::World,
             super::Scope::Node => Self::Hybrid,
@@ -30,13 +30,13 @@ impl Reach {
     }
 
     /// Whether a reduction over this reach travels between nodes (in the wire dtype).
-    pub fn crosses_nodes(self, pg: &ProcessGroup) -> bool {
+    pub(crate) fn crosses_nodes(self, pg: &ProcessGroup) -> bool {
         self != Self::NodeOnly && pg.table().num_nodes() > 1
     }
 
     /// The range of a bucket (or unit) of `len` elements this rank owns: its shard in the
     /// group its shards span.
-    pub fn shard(self, pg: &ProcessGroup, len: usize) -> Range<usize> {
+    pub(crate) fn shard(self, pg: &ProcessGroup, len: usize) -> Range<usize> {
         match self {
             Self::World => pg.shard_range(len),
             Self::Hybrid | Self::NodeOnly => pg.group_shard(Group::Node, len),
@@ -44,12 +44,12 @@ impl Reach {
     }
 
     /// How many elements of a bucket of `len` this rank owns.
-    pub fn share(self, pg: &ProcessGroup, len: usize) -> usize {
+    pub(crate) fn share(self, pg: &ProcessGroup, len: usize) -> usize {
         self.shard(pg, len).len()
     }
 
     /// This rank's shard of every bucket, as flat ranges, in bucket order.
-    pub fn owned(self, pg: &ProcessGroup, buckets: &[Range<usize>]) -> Vec<Range<usize>> {
+    pub(crate) fn owned(self, pg: &ProcessGroup, buckets: &[Range<usize>]) -> Vec<Range<usize>> {
         buckets
             .iter()
             .map(|b| {
@@ -60,7 +60,7 @@ impl Reach {
     }
 
     /// Starts the mean all-reduce of a whole bucket (the replicated strategy).
-    pub fn all_reduce(
+    pub(crate) fn all_reduce(
         self,
         pg: &mut ProcessGroup,
         wire: WireDtype,
@@ -78,7 +78,12 @@ impl Reach {
 
     /// Starts the mean reduction of a bucket's full gradient so that this rank ends with its
     /// shard of it (the rest of the buffer is scratch).
-    pub fn reduce(self, pg: &mut ProcessGroup, wire: WireDtype, flat: Vec<f32>) -> Work<Vec<f32>> {
+    pub(crate) fn reduce(
+        self,
+        pg: &mut ProcessGroup,
+        wire: WireDtype,
+        flat: Vec<f32>,
+    ) -> Work<Vec<f32>> {
         let opts = CallOpts::wire(wire).tag("grads");
         match self {
             Self::World => pg.call(opts).reduce_scatter_in_place(flat, ReduceOp::Mean),
@@ -91,7 +96,7 @@ impl Reach {
 
     /// Starts gathering a bucket of `len` elements from every rank's share (`share`: this
     /// rank's shard of it).
-    pub fn gather(
+    pub(crate) fn gather(
         self,
         pg: &mut ProcessGroup,
         wire: WireDtype,
@@ -108,7 +113,7 @@ impl Reach {
     }
 
     /// Copies this rank's shard of a reduced bucket buffer into `out`.
-    pub fn take_share(self, pg: &ProcessGroup, buf: &[f32], out: &mut [f32]) {
+    pub(crate) fn take_share(self, pg: &ProcessGroup, buf: &[f32], out: &mut [f32]) {
         out.copy_from_slice(&buf[self.shard(pg, buf.len())]);
     }
 }

@@ -39,20 +39,20 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub fn owned_len(&self) -> usize {
+    pub(crate) fn owned_len(&self) -> usize {
         self.owned.iter().map(|r| r.len()).sum()
     }
 
     /// Where bucket `b`'s owned elements sit in the concatenation of the owned ranges (the
     /// layout of the owned gradient, the stage 1-2 master and the stage 3 shard), for
     /// strategies that own a range of every bucket.
-    pub fn owned_at(&self, b: usize) -> Range<usize> {
+    pub(crate) fn owned_at(&self, b: usize) -> Range<usize> {
         let start: usize = self.owned[..b].iter().map(|r| r.len()).sum();
         start..start + self.owned[b].len()
     }
 
     /// The owned elements of `params`, concatenated: the f32 master stages 1-2 keep.
-    pub fn owned_of(&self, params: &[f32]) -> Vec<f32> {
+    pub(crate) fn owned_of(&self, params: &[f32]) -> Vec<f32> {
         self.owned
             .iter()
             .flat_map(|r| params[r.clone()].iter().copied())
@@ -87,7 +87,7 @@ pub(crate) enum Grad {
 
 impl Grad {
     /// The gradient on the host (one blocking read when it is on the device).
-    pub fn into_host(self) -> Result<Vec<f32>, TrainError> {
+    pub(crate) fn into_host(self) -> Result<Vec<f32>, TrainError> {
         match self {
             Self::Host(v) => Ok(v),
             Self::Device(t) => transfer::read_f32(*t).map_err(|reason| {
@@ -101,7 +101,7 @@ impl Grad {
     }
 
     /// The gradient on `device` (one upload when it is on the host).
-    pub fn into_device(self, device: &Device) -> Tensor<1> {
+    pub(crate) fn into_device(self, device: &Device) -> Tensor<1> {
         match self {
             Self::Host(v) => transfer::upload(v, device),
             Self::Device(t) => *t,
@@ -231,7 +231,7 @@ impl SyncCx<'_> {
     /// Bucket `range` of `grads` on the host, weighed, for a reduction over `reach` (see
     /// [`FlatLayout::read_grads`]: narrowed on the device when the reduction crosses nodes on
     /// a 16-bit wire).
-    pub fn read_bucket(
+    pub(crate) fn read_bucket(
         &mut self,
         reach: Reach,
         grads: &mut GradientsParams,
