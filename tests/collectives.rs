@@ -1,4 +1,5 @@
-//! Every collective against a serial reference, over real QUIC sockets between real node
+//! Every collective, and point-to-point messages around the ring of ranks (`sendrecv`), against
+//! a serial reference, over real QUIC sockets between real node
 //! processes (`wiretrain bench --local N --check`), for the node x rank shapes
 //! 1x1, 1x4, 2x1, 2x2, 3x1 and 4x2; sizes 0, 1, 7 and a prime above 1M elements with 100
 //! repeated calls each, plus 64 MiB; sum and mean; lanes over three channels.
@@ -7,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-const OPS: &str = "all-reduce,reduce-scatter,all-gather,broadcast";
+const OPS: &str = "all-reduce,reduce-scatter,all-gather,broadcast,sendrecv";
 
 fn check(nodes: usize, ranks: usize, bytes: &str, iters: usize, reduce: &str) {
     let nodes_s = nodes.to_string();
@@ -18,7 +19,9 @@ fn check(nodes: usize, ranks: usize, bytes: &str, iters: usize, reduce: &str) {
     args.extend(["--local", &nodes_s, "--ranks-per-node", &ranks_s]);
     args.extend(["--collective-timeout", "120"]);
     let sizes = bytes.split(',').count();
-    let rows = common::json_rows(&args, Duration::from_secs(600), 4 * sizes);
+    // sendrecv needs a second rank.
+    let ops = if nodes * ranks > 1 { 5 } else { 4 };
+    let rows = common::json_rows(&args, Duration::from_secs(600), ops * sizes);
     for r in &rows {
         assert_eq!(r["wrong"], 0, "wrong elements in {r}");
         assert_eq!(r["nodes"], nodes as u64);
