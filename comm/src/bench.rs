@@ -450,7 +450,8 @@ impl Case<'_> {
 fn send_recv(pg: &mut ProcessGroup, mut buf: Vec<f32>) -> Result<Vec<f32>, Error> {
     let (rank, world, half) = (pg.rank(), pg.world(), buf.len() / 2);
     let recv = pg.recv(half, (rank + world - 1) % world, 0);
-    pg.send(buf[..half].to_vec(), (rank + 1) % world, 0).wait()?;
+    pg.send(buf[..half].to_vec(), (rank + 1) % world, 0)
+        .wait()?;
     buf[half..].copy_from_slice(&recv.wait()?);
     Ok(buf)
 }

@@ -26,7 +26,7 @@ pub use crate::strategy::diloco::Diloco;
 
 mod agreement;
 mod buffers;
-use agreement::check_agreement;
+pub(crate) use agreement::check_agreement;
 mod ckpt;
 mod config;
 mod heal;
@@ -34,6 +34,7 @@ mod recover;
 mod report;
 mod start;
 mod units;
+pub(crate) use units::unit_ranges;
 
 pub use config::{Overlap, TrainerConfig, TrainerConfigBuilder};
 pub(crate) use heal::Agreed;

@@ -29,6 +29,9 @@ pub enum TrainError {
     /// Healing from live replicas failed (the state exchange of a new epoch).
     #[error("healing from live replicas: {0}")]
     Heal(String),
+    /// A pipeline cannot run as configured, or a stage boundary failed.
+    #[error(transparent)]
+    Pipeline(#[from] crate::pipeline::PipelineError),
 }
 
 /// How rank 0's model and this rank's differ.

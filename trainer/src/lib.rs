@@ -56,6 +56,7 @@ pub mod learner;
 pub mod memcap;
 pub mod models;
 pub mod optim;
+pub mod pipeline;
 pub mod plan;
 #[cfg(feature = "plot")]
 pub mod plot;

@@ -117,7 +117,7 @@ impl Act {
         }
     }
 
-    fn zeros_like(&self) -> Self {
+    pub(crate) fn zeros_like(&self) -> Self {
         if let Self::Tuple(v) = self {
             return Self::Tuple(v.iter().map(Self::zeros_like).collect());
         }

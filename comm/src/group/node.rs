@@ -49,20 +49,7 @@ impl Node {
     /// starts one communication thread per local rank.
     pub fn join(cfg: NodeConfig) -> Result<Node, Error> {
         crate::abort::note_panics();
-        // Each local rank's inter-node lane (its frame copies, decoding and reductions) runs as
-        // a task on this runtime: at least one worker per rank keeps the lanes as parallel as
-        // the ranks.
-        let threads = cfg.quic.net_threads.max(cfg.ranks());
-        tracing::info!("network runtime: {threads} threads");
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .thread_name("wiretrain-net")
-            .enable_all()
-            .build()
-            .map_err(|source| Error::Io {
-                context: "starting the network runtime",
-                source,
-            })?;
+        let runtime = network_runtime(&cfg)?;
         let identity = JobIdentity::for_job(&cfg.token, cfg.job_id.as_deref())?;
         let fingerprint = identity.fingerprint();
         let (endpoint, node, table, peers, lanes) =
@@ -70,15 +57,8 @@ impl Node {
         let table = Arc::new(table);
         let k = table.ranks_on(node);
         let shared = Arc::new(NodeShared::new(k));
-        let ep2 = endpoint.clone();
         let mailbox: Arc<Mailbox> = Arc::default();
-        let mb = mailbox.clone();
-        let on_fail: FailHook = Arc::new(move |why: String| {
-            mb.fail(&why);
-            let mut why = why.into_bytes();
-            why.truncate(900); // a CONNECTION_CLOSE reason must fit in a packet
-            ep2.close(VarInt::from_u32(close_code::FAILED), &why);
-        });
+        let on_fail = fail_hook(endpoint.clone(), mailbox.clone());
         let links: Vec<(usize, quinn::Connection)> = lanes
             .iter()
             .flat_map(|l| l.conns().map(|(n, c)| (n, c.clone())))
@@ -228,6 +208,34 @@ impl Drop for Node {
             rt.shutdown_timeout(Duration::from_millis(200));
         }
     }
+}
+
+/// The node's network runtime. Each local rank's inter-node lane (its frame copies, decoding
+/// and reductions) runs as a task on it: at least one worker per rank keeps the lanes as
+/// parallel as the ranks.
+fn network_runtime(cfg: &NodeConfig) -> Result<tokio::runtime::Runtime, Error> {
+    let threads = cfg.quic.net_threads.max(cfg.ranks());
+    tracing::info!("network runtime: {threads} threads");
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .thread_name("wiretrain-net")
+        .enable_all()
+        .build()
+        .map_err(|source| Error::Io {
+            context: "starting the network runtime",
+            source,
+        })
+}
+
+/// What a failing rank does to its node: every waiting message receive fails with the
+/// reason, and the endpoint closes with it (so every other node learns at once).
+fn fail_hook(endpoint: Endpoint, mailbox: Arc<Mailbox>) -> FailHook {
+    Arc::new(move |why: String| {
+        mailbox.fail(&why);
+        let mut why = why.into_bytes();
+        why.truncate(900); // a CONNECTION_CLOSE reason must fit in a packet
+        endpoint.close(VarInt::from_u32(close_code::FAILED), &why);
+    })
 }
 
 /// Brings up this node's endpoint, then rendezvous, the full mesh and the lane streams:

@@ -7,7 +7,7 @@ use wiretrain_comm::ProcessGroup;
 
 /// Compares rank 0's parameter list (paths and shapes) with every rank's; a mismatch names
 /// the first differing parameter.
-pub(super) fn check_agreement(
+pub(crate) fn check_agreement(
     pg: &mut ProcessGroup,
     layout: &FlatLayout,
 ) -> Result<(), TrainError> {

@@ -34,7 +34,7 @@ use std::time::Instant;
 use wiretrain_comm::{ProcessGroup, Work};
 
 /// Unit ranges of the flat layout: unit `u` owns a contiguous run of entries, units in order.
-pub(super) fn unit_ranges<M: Units>(
+pub(crate) fn unit_ranges<M: Units>(
     model: &M,
     layout: &FlatLayout,
 ) -> Result<Vec<Range<usize>>, TrainError> {

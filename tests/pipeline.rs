@@ -1,0 +1,167 @@
+//! Pipeline parallelism (`examples/pipeline.rs`, `wiretrain::pipeline`) through real node
+//! processes under `wiretrain launch`: 2 stages across 2 nodes (activations over QUIC), 4
+//! stages on 2 nodes x 2 ranks (inside the node and across), with 1F1B and GPipe, give the
+//! per-step losses and final parameters of plain Burn training the whole global batch in one
+//! process, within 1e-5; configurations that cannot run are refused naming what to change.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+const STEPS: &str = "6";
+
+fn dir(name: &str) -> std::path::PathBuf {
+    common::fresh_dir("pipeline", name)
+}
+
+fn losses(m: &Path) -> Vec<f64> {
+    common::jsonl(m)
+        .iter()
+        .filter(|v| v.get("step").is_some())
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// The final parameters by path.
+fn params(p: &Path) -> serde_json::Map<String, serde_json::Value> {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// The largest difference between two runs' parameters, and the paths compared: every
+/// parameter but the attention key biases. Their gradient is zero in exact arithmetic
+/// (softmax ignores a shift shared by all keys), so what reaches them is rounding noise, which
+/// AdamW normalizes into full-size steps of either sign: they differ between any two orders of
+/// summation, plain Burn against itself included. They are checked to stay within the steps
+/// AdamW can take (lr per step).
+fn param_diff(
+    a: &serde_json::Map<String, serde_json::Value>,
+    b: &serde_json::Map<String, serde_json::Value>,
+) -> (f64, usize) {
+    assert_eq!(a.len(), b.len());
+    let mut worst = 0.0f64;
+    let mut compared = 0;
+    for (path, va) in a {
+        let (x, y) = (va.as_array().unwrap(), b[path].as_array().unwrap());
+        assert_eq!(x.len(), y.len(), "{path}");
+        let d = x
+            .iter()
+            .zip(y)
+            .map(|(p, q)| (p.as_f64().unwrap() - q.as_f64().unwrap()).abs())
+            .fold(0.0, f64::max);
+        if path.ends_with("mha.key.bias") {
+            assert!(d <= 2.0 * 3e-3 * 6.0, "{path}: {d}");
+            continue;
+        }
+        worst = worst.max(d);
+        compared += 1;
+    }
+    (worst, compared)
+}
+
+/// Runs the example under `launch --local nodes --ranks-per-node ranks` with `extra` flags;
+/// returns its output.
+fn launch(nodes: &str, ranks: &str, extra: &[&str], d: &Path) -> std::process::Output {
+    let ex = common::example("pipeline");
+    let (m, p) = (d.join("m.jsonl"), d.join("p.json"));
+    let mut cmd = vec![ex.to_str().unwrap(), "--steps", STEPS, "--layers", "2"];
+    cmd.extend([
+        "--metrics",
+        m.to_str().unwrap(),
+        "--params-out",
+        p.to_str().unwrap(),
+    ]);
+    cmd.extend(extra);
+    let args = common::local(nodes, ranks, &cmd);
+    common::run(&args, &[], Duration::from_secs(300))
+}
+
+fn reference(d: &Path) -> (Vec<f64>, serde_json::Map<String, serde_json::Value>) {
+    let ex = common::example("pipeline");
+    let (m, p) = (d.join("m.jsonl"), d.join("p.json"));
+    let out = std::process::Command::new(ex)
+        .args(["--reference", "--steps", STEPS, "--layers", "2"])
+        .args([
+            "--metrics",
+            m.to_str().unwrap(),
+            "--params-out",
+            p.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", common::text(&out));
+    (losses(&m), params(&p))
+}
+
+fn max_diff(a: &[f64], b: &[f64]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn pipelines_of_2_and_4_stages_equal_plain_burn_with_1f1b_and_gpipe() {
+    let (want_l, want_p) = reference(&dir("reference"));
+    assert_eq!(want_l.len(), 6);
+    let runs: [(&str, &str, &[&str]); 3] = [
+        ("2", "1", &["--stages", "2", "--schedule", "1f1b"]),
+        ("2", "2", &["--stages", "4", "--schedule", "1f1b"]),
+        (
+            "2",
+            "2",
+            &[
+                "--stages",
+                "4",
+                "--schedule",
+                "gpipe",
+                "--microbatches",
+                "2",
+            ],
+        ),
+    ];
+    for (i, (nodes, ranks, extra)) in runs.into_iter().enumerate() {
+        let d = dir(&format!("run{i}"));
+        let out = launch(nodes, ranks, extra, &d);
+        assert!(out.status.success(), "{extra:?}: {}", common::text(&out));
+        let l = losses(&d.join("m.jsonl"));
+        let p = params(&d.join("p.json"));
+        assert!(
+            max_diff(&l, &want_l) < 1e-5,
+            "{extra:?}: losses {l:?} vs {want_l:?}"
+        );
+        let (dp, compared) = param_diff(&p, &want_p);
+        assert!(compared > 10, "{compared} parameters compared");
+        assert!(dp < 1e-5, "{extra:?}: parameters differ by up to {dp}");
+        assert!(l[5] < l[0], "{extra:?} learns: {l:?}");
+    }
+}
+
+#[test]
+fn configurations_a_pipeline_cannot_run_are_refused_naming_what_to_change() {
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("2", &["--stages", "3"], "3 stages on a world of 2 ranks"),
+        (
+            "4",
+            &["--stages", "4", "--microbatches", "2"],
+            "1F1B needs at least one per stage",
+        ),
+        (
+            "2",
+            &["--stages", "2", "--split", "0..0,0..4"],
+            "non-empty, contiguous unit ranges",
+        ),
+        (
+            "4",
+            &["--stages", "4", "--layers", "1"],
+            "each stage needs at least one unit",
+        ),
+    ];
+    for (i, (ranks, extra, want)) in cases.into_iter().enumerate() {
+        let out = launch("1", ranks, extra, &dir(&format!("bad{i}")));
+        let text = common::text(&out);
+        assert!(!out.status.success(), "{extra:?} ran: {text}");
+        assert!(text.contains(want), "{extra:?} should say {want:?}: {text}");
+    }
+}
