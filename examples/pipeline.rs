@@ -22,6 +22,9 @@ use wiretrain::models::char_lm::{CharLm, CharLmConfig, Corpus};
 use wiretrain::optim::OptimConfig;
 use wiretrain::pipeline::{PipelineConfig, PipelineTrainer};
 
+#[global_allocator]
+static ALLOC: wiretrain::heap::CountingAlloc = wiretrain::heap::CountingAlloc;
+
 const SEQ: usize = 32;
 const SEED: u64 = 7;
 
@@ -57,6 +60,14 @@ fn split(s: &str) -> Result<Vec<Range<usize>>, String> {
         .collect()
 }
 
+/// One step's record: the loss; in a pipeline run, stage 0's process's peak of live heap
+/// bytes above the step's start and the micro-batches it held at once.
+struct Step {
+    loss: f32,
+    heap: Option<usize>,
+    in_flight: usize,
+}
+
 struct Run {
     steps: usize,
     batch: usize,
@@ -84,19 +95,26 @@ fn micro(idx: &[usize], i: usize, m: usize) -> &[usize] {
 /// (`--params-out`: `{"path": [values...], ...}`).
 fn write_outputs(
     run: &Run,
-    losses: &[f32],
+    steps: &[Step],
     layout: &FlatLayout,
     params: &[f32],
 ) -> Result<(), String> {
     if let Some(p) = &run.metrics {
-        let mut lines: String = losses
+        let mut lines: String = steps
             .iter()
             .enumerate()
-            .map(|(s, l)| format!("{{\"step\":{s},\"loss\":{}}}\n", f64::from(*l)))
+            .map(|(i, s)| {
+                let mut v = serde_json::json!({ "step": i, "loss": f64::from(s.loss) });
+                if let Some(h) = s.heap {
+                    v["peak_heap_bytes"] = h.into();
+                    v["peak_in_flight"] = s.in_flight.into();
+                }
+                format!("{v}\n")
+            })
             .collect();
         lines.push_str(&format!(
             "{{\"summary\":true,\"steps\":{}}}\n",
-            losses.len()
+            steps.len()
         ));
         std::fs::write(p, lines).map_err(|e| format!("--metrics {p}: {e}"))?;
     }
@@ -139,7 +157,11 @@ fn reference(run: &Run, corpus: &Corpus) -> Result<(), String> {
             .try_to_vec::<f32>()
             .map_err(|e| format!("{e:?}"))?[0];
         println!("step {step:3}  loss {value:.5}");
-        losses.push(value);
+        losses.push(Step {
+            loss: value,
+            heap: None,
+            in_flight: run.micro,
+        });
         let grads = GradientsParams::from_grads(loss.backward(), &m);
         m = optim.step(run.lr, m, grads);
     }
@@ -159,6 +181,8 @@ fn train(run: Run, cfg: PipelineConfig, corpus: Corpus) -> Result<(), String> {
         for step in 0..run.steps {
             let idx = sampler.indices(step);
             let (c, d) = (&corpus, &device);
+            wiretrain::heap::reset_peak();
+            let live = wiretrain::heap::live_bytes();
             let rep = t.step(
                 |i| CharLm::unit_io(c, micro(&idx, i, run.micro), d).0,
                 |i, out| (CharLm::unit_io(c, micro(&idx, i, run.micro), d).1)(out),
@@ -169,7 +193,14 @@ fn train(run: Run, cfg: PipelineConfig, corpus: Corpus) -> Result<(), String> {
                     rep.loss, rep.step_ms, rep.busy_ms
                 );
             }
-            losses.push(rep.loss);
+            let heap = wiretrain::heap::peak_bytes()
+                .zip(live)
+                .map(|(p, l)| p.saturating_sub(l));
+            losses.push(Step {
+                loss: rep.loss,
+                heap,
+                in_flight: rep.peak_in_flight,
+            });
         }
         let params = t.gather_params()?;
         if t.stage() == 0 {
@@ -181,6 +212,7 @@ fn train(run: Run, cfg: PipelineConfig, corpus: Corpus) -> Result<(), String> {
 }
 
 fn main() {
+    ALLOC.mark_installed();
     let args: Vec<String> = std::env::args().skip(1).collect();
     if let Err(e) = main_with(&args) {
         eprintln!("pipeline: error: {e}");

@@ -165,3 +165,47 @@ fn configurations_a_pipeline_cannot_run_are_refused_naming_what_to_change() {
         assert!(text.contains(want), "{extra:?} should say {want:?}: {text}");
     }
 }
+
+/// Stage 0's peak of live heap bytes in steps after the first (the process holds stage 0
+/// alone under `--local 2`), and the micro-batches it held at once, from the metrics.
+fn stage0_peak(m: &Path) -> (u64, u64) {
+    let steps: Vec<serde_json::Value> = common::jsonl(m)
+        .into_iter()
+        .filter(|v| v.get("step").is_some_and(|s| s.as_u64() > Some(0)))
+        .collect();
+    let heap = steps
+        .iter()
+        .map(|v| v["peak_heap_bytes"].as_u64().unwrap())
+        .max();
+    (heap.unwrap(), steps[0]["peak_in_flight"].as_u64().unwrap())
+}
+
+#[test]
+fn one_f_one_b_holds_at_most_s_micro_batches_of_activations_measured_on_the_heap() {
+    // 2 stages, 8 micro-batches of 8 samples: GPipe holds all 8 on stage 0, 1F1B at most 2.
+    let mut peaks = Vec::new();
+    for schedule in ["gpipe", "1f1b"] {
+        let d = dir(&format!("heap-{schedule}"));
+        let extra = [
+            "--stages",
+            "2",
+            "--schedule",
+            schedule,
+            "--microbatches",
+            "8",
+        ];
+        let extra = [&extra[..], &["--batch", "64", "--steps", "3"]].concat();
+        let out = launch("2", "1", &extra, &d);
+        assert!(out.status.success(), "{schedule}: {}", common::text(&out));
+        peaks.push(stage0_peak(&d.join("m.jsonl")));
+    }
+    let ((gpipe, g_held), (one, o_held)) = (peaks[0], peaks[1]);
+    assert_eq!((g_held, o_held), (8, 2));
+    // What 2 of the 8 micro-batches' activations take of GPipe's peak, with half again for
+    // what does not scale with them (the step's gradient sum, messages in flight).
+    let bound = 1.5 * 2.0 / 8.0 * gpipe as f64;
+    assert!(
+        (one as f64) <= bound,
+        "1F1B's peak {one} B is above {bound:.0} B (GPipe's: {gpipe} B)"
+    );
+}
