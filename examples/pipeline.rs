@@ -112,10 +112,7 @@ fn write_outputs(
                 format!("{v}\n")
             })
             .collect();
-        lines.push_str(&format!(
-            "{{\"summary\":true,\"steps\":{}}}\n",
-            steps.len()
-        ));
+        lines.push_str(&format!("{{\"summary\":true,\"steps\":{}}}\n", steps.len()));
         std::fs::write(p, lines).map_err(|e| format!("--metrics {p}: {e}"))?;
     }
     if let Some(p) = &run.params_out {
@@ -176,18 +173,33 @@ fn train(run: Run, cfg: PipelineConfig, corpus: Corpus) -> Result<(), String> {
         let device = ctx.device();
         let m = model(&corpus, run.layers, &device);
         let mut t = PipelineTrainer::new(m, &device, cfg.clone(), ctx.pg)?;
+        let (replica, replicas) = (t.replica(), t.replicas());
+        if !run.batch.is_multiple_of(replicas * run.micro) {
+            return Err(format!(
+                "--batch {} must be a multiple of {replicas} replicas x {} micro-batches",
+                run.batch, run.micro
+            )
+            .into());
+        }
+        if t.stage() == 0 && replica == 0 {
+            let p = t.placement().describe();
+            eprintln!("pipeline: {} stages x {replicas} replicas: {p}", cfg.stages);
+        }
         let mut sampler = DistributedSampler::new(corpus.len(), run.batch, 1, 0, 5)?;
         let mut losses = Vec::new();
         for step in 0..run.steps {
-            let idx = sampler.indices(step);
+            let all = sampler.indices(step);
+            // This replica's share of the global batch, cut into the micro-batches.
+            let n = all.len();
+            let idx = &all[replica * n / replicas..(replica + 1) * n / replicas];
             let (c, d) = (&corpus, &device);
             wiretrain::heap::reset_peak();
             let live = wiretrain::heap::live_bytes();
             let rep = t.step(
-                |i| CharLm::unit_io(c, micro(&idx, i, run.micro), d).0,
-                |i, out| (CharLm::unit_io(c, micro(&idx, i, run.micro), d).1)(out),
+                |i| CharLm::unit_io(c, micro(idx, i, run.micro), d).0,
+                |i, out| (CharLm::unit_io(c, micro(idx, i, run.micro), d).1)(out),
             )?;
-            if t.stage() == 0 {
+            if t.stage() == 0 && replica == 0 {
                 println!(
                     "step {step:3}  loss {:.5}  step {:.1} ms  stage 0 busy {:.1} ms",
                     rep.loss, rep.step_ms, rep.busy_ms
@@ -203,7 +215,7 @@ fn train(run: Run, cfg: PipelineConfig, corpus: Corpus) -> Result<(), String> {
             });
         }
         let params = t.gather_params()?;
-        if t.stage() == 0 {
+        if t.stage() == 0 && replica == 0 {
             write_outputs(&run, &losses, &FlatLayout::of(t.model()), &params)?;
         }
         Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())

@@ -1,6 +1,7 @@
 //! Pipeline parallelism (`examples/pipeline.rs`, `wiretrain::pipeline`) through real node
 //! processes under `wiretrain launch`: 2 stages across 2 nodes (activations over QUIC), 4
-//! stages on 2 nodes x 2 ranks (inside the node and across), with 1F1B and GPipe, give the
+//! stages on 2 nodes x 2 ranks (inside the node and across), 2 stages x 2 replicas (a stage
+//! per node) and 2 stages x 3 replicas (a replica per node), with 1F1B and GPipe, give the
 //! per-step losses and final parameters of plain Burn training the whole global batch in one
 //! process, within 1e-5; configurations that cannot run are refused naming what to change.
 
@@ -76,11 +77,19 @@ fn launch(nodes: &str, ranks: &str, extra: &[&str], d: &Path) -> std::process::O
     common::run(&args, &[], Duration::from_secs(300))
 }
 
-fn reference(d: &Path) -> (Vec<f64>, serde_json::Map<String, serde_json::Value>) {
+fn reference(d: &Path, batch: &str) -> (Vec<f64>, serde_json::Map<String, serde_json::Value>) {
     let ex = common::example("pipeline");
     let (m, p) = (d.join("m.jsonl"), d.join("p.json"));
     let out = std::process::Command::new(ex)
-        .args(["--reference", "--steps", STEPS, "--layers", "2"])
+        .args([
+            "--reference",
+            "--steps",
+            STEPS,
+            "--layers",
+            "2",
+            "--batch",
+            batch,
+        ])
         .args([
             "--metrics",
             m.to_str().unwrap(),
@@ -102,15 +111,18 @@ fn max_diff(a: &[f64], b: &[f64]) -> f64 {
 }
 
 #[test]
-fn pipelines_of_2_and_4_stages_equal_plain_burn_with_1f1b_and_gpipe() {
-    let (want_l, want_p) = reference(&dir("reference"));
-    assert_eq!(want_l.len(), 6);
-    let runs: [(&str, &str, &[&str]); 3] = [
-        ("2", "1", &["--stages", "2", "--schedule", "1f1b"]),
-        ("2", "2", &["--stages", "4", "--schedule", "1f1b"]),
+fn pipelines_of_2_and_4_stages_and_with_replicas_equal_plain_burn_with_1f1b_and_gpipe() {
+    let refs = [
+        ("16", reference(&dir("reference16"), "16")),
+        ("24", reference(&dir("reference24"), "24")),
+    ];
+    let runs: [(&str, &str, &str, &[&str]); 5] = [
+        ("2", "1", "16", &["--stages", "2", "--schedule", "1f1b"]),
+        ("2", "2", "16", &["--stages", "4", "--schedule", "1f1b"]),
         (
             "2",
             "2",
+            "16",
             &[
                 "--stages",
                 "4",
@@ -120,18 +132,41 @@ fn pipelines_of_2_and_4_stages_equal_plain_burn_with_1f1b_and_gpipe() {
                 "2",
             ],
         ),
+        // 2 stages x 2 replicas: a stage per node, its replicas averaging inside the node.
+        (
+            "2",
+            "2",
+            "16",
+            &["--stages", "2", "--schedule", "1f1b", "--microbatches", "2"],
+        ),
+        // 2 stages x 3 replicas: the stages inside each node, a replica per node.
+        (
+            "3",
+            "2",
+            "24",
+            &[
+                "--stages",
+                "2",
+                "--schedule",
+                "gpipe",
+                "--microbatches",
+                "2",
+            ],
+        ),
     ];
-    for (i, (nodes, ranks, extra)) in runs.into_iter().enumerate() {
+    for (i, (nodes, ranks, batch, extra)) in runs.into_iter().enumerate() {
+        let (want_l, want_p) = &refs.iter().find(|r| r.0 == batch).unwrap().1;
         let d = dir(&format!("run{i}"));
-        let out = launch(nodes, ranks, extra, &d);
+        let extra = [extra, &["--batch", batch]].concat();
+        let out = launch(nodes, ranks, &extra, &d);
         assert!(out.status.success(), "{extra:?}: {}", common::text(&out));
         let l = losses(&d.join("m.jsonl"));
         let p = params(&d.join("p.json"));
         assert!(
-            max_diff(&l, &want_l) < 1e-5,
+            max_diff(&l, want_l) < 1e-5,
             "{extra:?}: losses {l:?} vs {want_l:?}"
         );
-        let (dp, compared) = param_diff(&p, &want_p);
+        let (dp, compared) = param_diff(&p, want_p);
         assert!(compared > 10, "{compared} parameters compared");
         assert!(dp < 1e-5, "{extra:?}: parameters differ by up to {dp}");
         assert!(l[5] < l[0], "{extra:?} learns: {l:?}");
@@ -140,8 +175,9 @@ fn pipelines_of_2_and_4_stages_equal_plain_burn_with_1f1b_and_gpipe() {
 
 #[test]
 fn configurations_a_pipeline_cannot_run_are_refused_naming_what_to_change() {
-    let cases: [(&str, &[&str], &str); 4] = [
+    let cases: [(&str, &[&str], &str); 5] = [
         ("2", &["--stages", "3"], "3 stages on a world of 2 ranks"),
+        ("3", &["--stages", "2"], "launch a multiple of 2 ranks"),
         (
             "4",
             &["--stages", "4", "--microbatches", "2"],

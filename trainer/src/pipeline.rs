@@ -7,13 +7,17 @@
 //! with the mean gradient over the micro-batches. Only activations and their gradients cross
 //! between stages, which is why a pipeline communicates least over slow wiring.
 //!
-//! This build runs one rank per stage (world = stages); a stage's replicas (pipeline × data
-//! parallel) are not in it yet and are refused at start.
+//! Pipeline × data parallel: a world of `S × R` ranks runs `R` replicas of the pipeline, each
+//! stage's replicas averaging its gradients before its optimizer step (DDP within the stage;
+//! [`Placement`] says which ranks form a stage). A replica trains on its own share of the
+//! global batch.
 
+mod placement;
 pub mod schedule;
 mod stage;
 pub mod wire;
 
+pub use placement::Placement;
 pub use schedule::{Op, Schedule};
 pub use stage::{PipelineReport, PipelineTrainer};
 
@@ -60,10 +64,10 @@ impl PipelineConfig {
                 "{s} stages for a model of {units} units: each stage needs at least one unit"
             ));
         }
-        if world != s {
+        if world == 0 || !world.is_multiple_of(s) {
             return bad(format!(
-                "{s} stages on a world of {world} ranks: this build runs one rank per stage \
-                 (pipeline x data parallel is not in it yet); launch {s} ranks"
+                "{s} stages on a world of {world} ranks: the world must be the stages times \
+                 the replicas of each stage; launch a multiple of {s} ranks"
             ));
         }
         if m == 0 || (self.schedule == Schedule::OneFOneB && m < s) {
@@ -121,7 +125,8 @@ mod tests {
         assert_eq!(cfg(2, 2, one, given).cut(8, 2).unwrap(), vec![0..3, 3..8]);
         let err = |c: PipelineConfig, u, w| c.cut(u, w).unwrap_err().to_string();
         assert!(err(cfg(4, 4, one, None), 3, 4).contains("each stage needs at least one unit"));
-        assert!(err(cfg(2, 2, one, None), 3, 4).contains("one rank per stage"));
+        assert!(err(cfg(2, 2, one, None), 3, 3).contains("a multiple of 2 ranks"));
+        assert!(cfg(2, 2, one, None).cut(3, 4).is_ok());
         assert!(err(cfg(4, 2, one, None), 8, 4).contains("--schedule gpipe"));
         assert!(cfg(4, 2, Schedule::Gpipe, None).cut(8, 4).is_ok());
         let gap = Some(vec![0..3, 4..8]);

@@ -2,7 +2,7 @@
 //! optimizer, and the step that runs its schedule (see the parent module).
 
 use super::schedule::{self, Op};
-use super::{PipelineConfig, PipelineError, wire};
+use super::{PipelineConfig, PipelineError, Placement, wire};
 use crate::engine::{TrainError, check_agreement, unit_ranges};
 use crate::flat::FlatLayout;
 use crate::optim::{ShardOptimizer, StepOpts};
@@ -13,7 +13,7 @@ use burn::tensor::{Device, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::time::Instant;
-use wiretrain_comm::{ProcessGroup, ReduceOp, Work};
+use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, Work};
 
 /// What one pipeline step did, the same on every stage.
 #[derive(Debug, Clone, PartialEq)]
@@ -60,7 +60,12 @@ pub struct PipelineTrainer<M: Units> {
     layout: FlatLayout,
     pg: ProcessGroup,
     cfg: PipelineConfig,
+    placement: Placement,
     stage: usize,
+    replica: usize,
+    /// The ranks of the previous and next stage in this replica.
+    prev: Option<usize>,
+    next: Option<usize>,
     units: Range<usize>,
     /// The flat range of this stage's parameters.
     range: Range<usize>,
@@ -71,9 +76,9 @@ pub struct PipelineTrainer<M: Units> {
 }
 
 impl<M: Units> PipelineTrainer<M> {
-    /// Joins the pipeline as stage `pg.rank()`: checks the configuration against the model
-    /// and the world, agrees with every rank on the model, and takes rank 0's parameters (a
-    /// collective).
+    /// Joins the pipeline as the stage and replica its [`Placement`] gives `pg.rank()`: checks
+    /// the configuration against the model and the world, agrees with every rank on the
+    /// model, and takes rank 0's parameters (a collective).
     pub fn new(
         model: M,
         device: &Device,
@@ -86,7 +91,14 @@ impl<M: Units> PipelineTrainer<M> {
         check_agreement(&mut pg, &layout)?;
         let params = pg.broadcast(layout.flatten_params(&model), 0).wait()?;
         let model = layout.unflatten(model, &params);
-        let stage = pg.rank();
+        let placement = Placement::choose(cfg.stages, pg.table()).map_err(config)?;
+        let (stage, replica) = placement.locate(pg.table(), pg.rank());
+        let at = |s: usize| placement.rank_of(pg.table(), s, replica);
+        let prev = stage.checked_sub(1).map(at);
+        let next = (stage + 1 < cfg.stages).then(|| at(stage + 1));
+        if pg.rank() == 0 {
+            tracing::info!("pipeline placement: {}", placement.describe());
+        }
         let units = cut[stage].clone();
         let range = unit_flat[units.start].start..unit_flat[units.end - 1].end;
         let opt = ShardOptimizer::new(&cfg.optim, device.clone(), range.len(), None);
@@ -95,7 +107,11 @@ impl<M: Units> PipelineTrainer<M> {
             layout,
             pg,
             cfg,
+            placement,
             stage,
+            replica,
+            prev,
+            next,
             units,
             range,
             params,
@@ -107,6 +123,22 @@ impl<M: Units> PipelineTrainer<M> {
     /// This rank's stage (0 runs the first units).
     pub fn stage(&self) -> usize {
         self.stage
+    }
+
+    /// This rank's replica of the pipeline (0 to [`Self::replicas`] - 1): which share of the
+    /// global batch it trains on.
+    pub fn replica(&self) -> usize {
+        self.replica
+    }
+
+    /// Replicas of the pipeline (the world over the stages).
+    pub fn replicas(&self) -> usize {
+        self.pg.world() / self.cfg.stages
+    }
+
+    /// Which ranks form which stage, and why.
+    pub fn placement(&self) -> Placement {
+        self.placement
     }
 
     /// The units this stage runs.
@@ -123,7 +155,9 @@ impl<M: Units> PipelineTrainer<M> {
     /// Every stage's parameters, the full flat vector, on every rank (a collective).
     pub fn gather_params(&mut self) -> Result<Vec<f32>, TrainError> {
         let mut mine = vec![0.0; self.params.len()];
-        mine[self.range.clone()].copy_from_slice(&self.params[self.range.clone()]);
+        if self.replica == 0 {
+            mine[self.range.clone()].copy_from_slice(&self.params[self.range.clone()]);
+        }
         Ok(self.pg.all_reduce(mine, ReduceOp::Sum).wait()?)
     }
 
@@ -151,8 +185,10 @@ impl<M: Units> PipelineTrainer<M> {
         for w in st.sends {
             w.wait()?;
         }
+        // Each last-stage replica's mean over its share; the mean of the replicas' means.
+        let r = self.replicas() as f32;
         let mine = if s + 1 == stages {
-            st.loss_sum / m as f32
+            st.loss_sum / m as f32 / r
         } else {
             0.0
         };
@@ -177,7 +213,7 @@ impl<M: Units> PipelineTrainer<M> {
         let (s, last) = (self.stage, self.stage + 1 == self.cfg.stages);
         let x = match s {
             0 => input(i),
-            _ => self.recv_act(s - 1, 4 * i as u64)?.fresh_leaf(),
+            _ => self.recv_act(self.prev, 4 * i as u64)?.fresh_leaf(),
         };
         let t = Instant::now();
         let model = self.model();
@@ -193,7 +229,7 @@ impl<M: Units> PipelineTrainer<M> {
         } else {
             st.busy += t.elapsed().as_secs_f64();
             st.sends
-                .extend(self.send_act(&y.clone().detached(), s + 1, 4 * i as u64)?);
+                .extend(self.send_act(&y.clone().detached(), self.next, 4 * i as u64)?);
             Kept::Out(y)
         };
         st.kept.insert(i, (x, out));
@@ -210,7 +246,7 @@ impl<M: Units> PipelineTrainer<M> {
         let surrogate = match out {
             Kept::Loss(l) => l * (1.0 / m as f32),
             Kept::Out(y) => {
-                let g = self.recv_act(s + 1, 4 * i as u64 + 2)?;
+                let g = self.recv_act(self.next, 4 * i as u64 + 2)?;
                 y.surrogate(&g).ok_or_else(|| {
                     config(PipelineError::Activation(
                         "the gradient does not match the stage's output".into(),
@@ -224,7 +260,7 @@ impl<M: Units> PipelineTrainer<M> {
             let gx = x.grad(&grads).unwrap_or_else(|| x.zeros_like());
             st.busy += t.elapsed().as_secs_f64();
             st.sends
-                .extend(self.send_act(&gx, s - 1, 4 * i as u64 + 2)?);
+                .extend(self.send_act(&gx, self.prev, 4 * i as u64 + 2)?);
         }
         let t = Instant::now();
         let mut gp = GradientsParams::from_grads(grads, self.model());
@@ -247,7 +283,12 @@ impl<M: Units> PipelineTrainer<M> {
         let Some(acc) = acc else {
             return Ok(());
         };
-        let grad = transfer::read_f32(acc).map_err(read)?;
+        let mut grad = transfer::read_f32(acc).map_err(read)?;
+        if let Some(g) = self.placement.replica_group() {
+            // The stage's replicas trained on their own shares: their mean is the stage's.
+            let opts = CallOpts::default().on(g).tag("pipeline grads");
+            grad = self.pg.call(opts).all_reduce(grad, ReduceOp::Mean).wait()?;
+        }
         let lr = self.cfg.lr;
         self.opt.step_with(
             lr,
@@ -260,8 +301,15 @@ impl<M: Units> PipelineTrainer<M> {
         Ok(())
     }
 
-    /// Sends `act` to rank `to`: its header (tag `tag`) and its elements (tag `tag + 1`).
-    fn send_act(&mut self, act: &Act, to: usize, tag: u64) -> Result<[Work<()>; 2], TrainError> {
+    /// Sends `act` to rank `to` (a neighbour stage's): its header (tag `tag`) and its
+    /// elements (tag `tag + 1`).
+    fn send_act(
+        &mut self,
+        act: &Act,
+        to: Option<usize>,
+        tag: u64,
+    ) -> Result<[Work<()>; 2], TrainError> {
+        let to = to.expect("the schedule sends only to a neighbour stage");
         let (header, data) = wire::encode(act).map_err(config)?;
         Ok([
             self.pg.send(header, to, tag),
@@ -270,7 +318,8 @@ impl<M: Units> PipelineTrainer<M> {
     }
 
     /// Receives the activation rank `from` sent with [`Self::send_act`] at `tag`.
-    fn recv_act(&mut self, from: usize, tag: u64) -> Result<Act, TrainError> {
+    fn recv_act(&mut self, from: Option<usize>, tag: u64) -> Result<Act, TrainError> {
+        let from = from.expect("the schedule receives only from a neighbour stage");
         let header = self.pg.recv(wire::HEADER_LEN, from, tag).wait()?;
         let n = wire::data_len(&header).map_err(config)?;
         let data = self.pg.recv(n, from, tag + 1).wait()?;
