@@ -245,3 +245,74 @@ fn one_f_one_b_holds_at_most_s_micro_batches_of_activations_measured_on_the_heap
         "1F1B's peak {one} B is above {bound:.0} B (GPipe's: {gpipe} B)"
     );
 }
+
+/// A stage's node process on its own (no launcher), as a machine of a real job runs it.
+fn stage_node(rank: &str, master: &str, extra: &[(&str, &str)]) -> std::process::Child {
+    let mut c = std::process::Command::new(common::example("pipeline"));
+    c.args(["--stages", "2", "--microbatches", "2", "--steps", "100000"])
+        .env("WIRETRAIN_NNODES", "2")
+        .env("WIRETRAIN_NODE_RANK", rank)
+        .env("WIRETRAIN_MASTER", master)
+        .env("WIRETRAIN_RANKS_PER_NODE", "1")
+        .env("WIRETRAIN_DEVICE", "cpu")
+        .env(
+            "WIRETRAIN_TOKEN",
+            "pipeline-0123456789abcdef0123456789abcdef",
+        )
+        .envs(extra.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    c.spawn().unwrap()
+}
+
+#[test]
+fn a_stage_that_dies_fails_the_other_stage_within_the_idle_timeout_naming_it() {
+    use std::time::Instant;
+    let d = dir("dies");
+    let addr = d.join("addr");
+    let mut n0 = stage_node(
+        "0",
+        "127.0.0.1:0",
+        &[("WIRETRAIN_ADDR_FILE", addr.to_str().unwrap())],
+    );
+    let t0 = Instant::now();
+    let master = loop {
+        if let Ok(s) = std::fs::read_to_string(&addr) {
+            break s.trim().to_string();
+        }
+        assert!(n0.try_wait().unwrap().is_none(), "stage 0 exited early");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "stage 0 never listened"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    let mut n1 = stage_node("1", &master, &[("WIRETRAIN_BIND", "127.0.0.2:0")]);
+    // A few steps, then stage 1's process dies without a word (SIGKILL).
+    std::thread::sleep(Duration::from_secs(4));
+    assert!(n1.try_wait().unwrap().is_none(), "stage 1 ended early");
+    assert!(n0.try_wait().unwrap().is_none(), "stage 0 ended early");
+    n1.kill().unwrap();
+    let _ = n1.wait();
+    let killed = Instant::now();
+    loop {
+        if n0.try_wait().unwrap().is_some() {
+            break;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            let _ = n0.kill();
+            panic!("stage 0 still runs 60 s after stage 1 died");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let took = killed.elapsed();
+    let out = n0.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "stage 0 must fail: {err}");
+    assert!(
+        err.contains("rank 1") && err.contains("node 1"),
+        "names the dead stage: {err}"
+    );
+    // The idle timeout (10 s) notices a silent peer; the collective timeout is 120 s.
+    assert!(took < Duration::from_secs(30), "took {took:?}: {err}");
+}
