@@ -211,8 +211,9 @@ impl ProcessGroup {
         self.aborter.clone()
     }
 
-    /// Bytes this rank has sent to other nodes so far (QUIC frame payloads and headers, as
-    /// written to the streams; 0 for a rank that carries no lane or a single-node job).
+    /// Bytes this rank's collectives have sent to other nodes so far (QUIC frame payloads and
+    /// headers, as written to its lane's streams; 0 for a rank that carries no lane or a
+    /// single-node job). Point-to-point messages ([`Self::send`]) are not counted.
     pub fn bytes_sent(&self) -> u64 {
         self.sent
             .as_ref()

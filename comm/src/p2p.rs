@@ -10,7 +10,7 @@ mod mailbox;
 mod stream;
 
 pub(crate) use mailbox::Mailbox;
-pub(crate) use stream::{MAX_MESSAGE_BYTES, Outgoing, Sent, Streams, open};
+pub(crate) use stream::{MAX_MESSAGE_BYTES, Outgoing, Sent, open};
 
 use crate::rendezvous::Peer;
 use crate::topology::RankTable;
@@ -27,36 +27,31 @@ pub(crate) struct P2p {
 }
 
 impl P2p {
-    /// Starts node `me`'s writer and reader tasks on `rt` over the streams [`open`] gave.
+    /// Starts node `me`'s writer tasks on `rt` over the streams [`open`] gave, and a reader
+    /// task per peer, which accepts that peer's stream.
     pub(crate) fn start(
         rt: tokio::runtime::Handle,
         mailbox: Arc<Mailbox>,
         table: Arc<RankTable>,
         me: usize,
         peers: &[Peer],
-        streams: Streams,
+        sends: Vec<(usize, quinn::SendStream)>,
     ) -> Self {
-        let (sends, recvs) = streams;
         let mut out = HashMap::new();
         for (node, send) in sends {
             let (tx, rx) = unbounded_channel();
             rt.spawn(stream::writer(node, send, rx));
             out.insert(node, tx);
         }
-        for (peer, recv) in recvs {
-            let conn = peers
-                .iter()
-                .find(|p| p.node == peer)
-                .map(|p| p.conn.clone())
-                .expect("a stream from a peer of the mesh");
+        for p in peers {
             let cx = stream::ReaderCx {
-                peer,
+                peer: p.node,
                 me,
                 table: table.clone(),
                 mailbox: mailbox.clone(),
-                conn,
+                conn: p.conn.clone(),
             };
-            rt.spawn(stream::reader(cx, recv));
+            rt.spawn(stream::reader(cx));
         }
         Self { mailbox, out, rt }
     }

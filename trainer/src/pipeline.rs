@@ -29,7 +29,8 @@ use std::ops::Range;
 pub struct PipelineConfig {
     /// Stages (`S`): one per rank.
     pub stages: usize,
-    /// Micro-batches per step (`M`); 1F1B needs at least `S`.
+    /// Micro-batches per step (`M`); 1F1B is refused with fewer than `S`, where it would run
+    /// as GPipe does (all forwards first) under another name.
     pub micro_batches: usize,
     /// The order of each stage's forward and backward passes.
     pub schedule: Schedule,

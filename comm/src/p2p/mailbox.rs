@@ -1,14 +1,16 @@
 //! Where messages wait for their receive: one mailbox per node, keyed by (source rank,
 //! destination rank, tag). A message meets the oldest receive posted for its key, or waits in
 //! order for the next; a failed mailbox answers every waiting and later receive with the
-//! failure. What waits unreceived is bounded ([`MAX_HELD_BYTES`]).
+//! failure. What waits unreceived between two ranks is bounded ([`MAX_HELD_BYTES`]); a key's
+//! slot goes once it holds neither a message nor a receive.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use tokio::sync::oneshot;
 
-/// The most bytes of messages no receive has taken yet that a node holds; past it, the
-/// sender broke the protocol (a correct program posts its receives).
+/// The most bytes of messages from one rank to another that no receive has taken yet. Sends
+/// are eager, so messages wait at the receiver until it posts its receives (a GPipe stage may
+/// hold all of a step's activations); past this, the job fails naming the pair.
 pub(crate) const MAX_HELD_BYTES: usize = 4 << 30;
 
 /// (source rank, destination rank, tag).
@@ -27,7 +29,8 @@ struct Slot {
 struct State {
     slots: HashMap<Key, Slot>,
     failed: Option<String>,
-    held_bytes: usize,
+    /// Bytes waiting unreceived, per (source, destination).
+    held: HashMap<(usize, usize), usize>,
 }
 
 /// The node's mailbox (see the module doc).
@@ -42,7 +45,8 @@ impl Mailbox {
     }
 
     /// Hands `msg` to the oldest receive waiting on `key`, or keeps it for the next. Fails
-    /// (and leaves the mailbox as it was) past [`MAX_HELD_BYTES`].
+    /// (and leaves the mailbox as it was) past [`MAX_HELD_BYTES`] between the two ranks; a
+    /// failed mailbox drops it (its receives have failed already).
     pub(crate) fn deliver(&self, key: Key, mut msg: Vec<f32>) -> Result<(), String> {
         let mut st = self.lock();
         if st.failed.is_some() {
@@ -51,21 +55,29 @@ impl Mailbox {
         let slot = st.slots.entry(key).or_default();
         while let Some(w) = slot.waiters.pop_front() {
             match w.send(Ok(msg)) {
-                Ok(()) => return Ok(()),
+                Ok(()) => {
+                    st.prune(key);
+                    return Ok(());
+                }
                 // That receive was given up (its handle dropped): the next one gets it.
                 Err(back) => msg = back.expect("sent Ok"),
             }
         }
         let bytes = 4 * msg.len();
-        if st.held_bytes + bytes > MAX_HELD_BYTES {
-            return Err(format!(
-                "rank {} sent rank {} more than {} GiB that no receive has taken",
+        let held = st.held.entry((key.0, key.1)).or_default();
+        if *held + bytes > MAX_HELD_BYTES {
+            let why = format!(
+                "rank {} has sent rank {} more than {} GiB that no receive has taken yet \
+                 (messages wait at the receiver until it posts its receives: post them \
+                 earlier, or send less at once, e.g. 1F1B rather than GPipe)",
                 key.0,
                 key.1,
                 MAX_HELD_BYTES >> 30
-            ));
+            );
+            st.prune(key);
+            return Err(why);
         }
-        st.held_bytes += bytes;
+        *held += bytes;
         st.slots.entry(key).or_default().msgs.push_back(msg);
         Ok(())
     }
@@ -84,9 +96,16 @@ impl Mailbox {
             Some(m) => {
                 let bytes = 4 * m.len();
                 let _ = tx.send(Ok(m));
-                st.held_bytes -= bytes;
+                if let Some(h) = st.held.get_mut(&(key.0, key.1)) {
+                    *h -= bytes;
+                }
+                st.prune(key);
             }
-            None => slot.waiters.push_back(tx),
+            None => {
+                // Receives given up (their handles dropped) wait no more.
+                slot.waiters.retain(|w| !w.is_closed());
+                slot.waiters.push_back(tx);
+            }
         }
         rx
     }
@@ -103,7 +122,20 @@ impl Mailbox {
                 let _ = w.send(Err(why.clone()));
             }
         }
-        st.held_bytes = 0;
+        st.held.clear();
+    }
+}
+
+impl State {
+    /// Drops `key`'s slot once it holds neither a message nor a receive.
+    fn prune(&mut self, key: Key) {
+        if self
+            .slots
+            .get(&key)
+            .is_some_and(|s| s.msgs.is_empty() && s.waiters.is_empty())
+        {
+            self.slots.remove(&key);
+        }
     }
 }
 
@@ -129,7 +161,9 @@ mod tests {
         m.deliver((0, 1, 5), vec![3.0]).unwrap();
         assert_eq!(now(early), Some(Ok(vec![9.0])));
         assert_eq!(now(waiting), Some(Ok(vec![3.0])));
-        assert_eq!(m.lock().held_bytes, 0);
+        assert_eq!(m.lock().held[&(0, 1)], 0);
+        // Every slot emptied went: unique tags do not grow the mailbox.
+        assert!(m.lock().slots.is_empty());
     }
 
     #[test]
@@ -149,9 +183,11 @@ mod tests {
     #[test]
     fn what_waits_unreceived_is_bounded() {
         let m = Mailbox::default();
-        m.lock().held_bytes = MAX_HELD_BYTES - 4;
+        m.lock().held.insert((0, 1), MAX_HELD_BYTES - 4);
         m.deliver((0, 1, 0), vec![1.0]).unwrap();
         let e = m.deliver((0, 1, 0), vec![1.0]).unwrap_err();
-        assert!(e.contains("more than 4 GiB"), "{e}");
+        assert!(e.contains("rank 0 has sent rank 1 more than 4 GiB"), "{e}");
+        // Another pair has its own budget.
+        m.deliver((2, 1, 0), vec![1.0]).unwrap();
     }
 }

@@ -21,9 +21,6 @@ const HEADER: usize = 24;
 /// The most bytes one message may carry.
 pub(crate) const MAX_MESSAGE_BYTES: usize = 1 << 30;
 
-/// A node's message streams: (peer node, stream to it) and (peer node, stream from it).
-pub(crate) type Streams = (Vec<(usize, SendStream)>, Vec<(usize, RecvStream)>);
-
 /// How a send ended.
 pub(crate) enum Sent {
     /// The message is on the stream.
@@ -44,13 +41,14 @@ pub(crate) struct Outgoing {
     pub(crate) done: tokio::sync::oneshot::Sender<Sent>,
 }
 
-/// Opens this node's (`me`) stream to every peer and accepts each peer's, by `deadline`:
-/// (peer node, stream to it) and (peer node, stream from it).
+/// Opens this node's (`me`) stream to every peer by `deadline` (its hello names it); each
+/// peer's stream to this node is accepted by that peer's reader ([`reader`]), so joining does
+/// not wait on it.
 pub(crate) async fn open(
     peers: &[Peer],
     me: usize,
     deadline: Instant,
-) -> Result<Streams, (usize, String)> {
+) -> Result<Vec<(usize, SendStream)>, (usize, String)> {
     let mut hello = HELLO.to_vec();
     hello.extend_from_slice(&(me as u32).to_le_bytes());
     let mut sends = Vec::with_capacity(peers.len());
@@ -70,32 +68,40 @@ pub(crate) async fn open(
             .map_err(|e| (p.node, format!("opening its message stream: {e}")))?;
         sends.push((p.node, s));
     }
-    let mut recvs = Vec::with_capacity(peers.len());
-    for p in peers {
-        let accepted = async {
-            let mut r = p
-                .conn
-                .accept_uni()
-                .await
-                .map_err(|e| describe_conn_error(&e))?;
-            let mut h = [0u8; 8];
-            r.read_exact(&mut h).await.map_err(|e| e.to_string())?;
-            let node = u32::from_le_bytes(h[4..].try_into().expect("4 bytes")) as usize;
-            if h[..4] != HELLO || node != p.node {
-                return Err(format!(
-                    "a stream that is not node {}'s message stream",
-                    p.node
-                ));
+    Ok(sends)
+}
+
+/// Accepts `cx.peer`'s message stream on the mesh connection and checks its hello; `None`
+/// when the connection ends first (as a job ends, or failed: the mailbox then knows why).
+async fn accept(cx: &ReaderCx) -> Option<RecvStream> {
+    let mut r = match cx.conn.accept_uni().await {
+        Ok(r) => r,
+        Err(e) => {
+            if let Some(why) = conn_lost(cx.peer, &e) {
+                cx.mailbox.fail(&why);
             }
-            Ok::<_, String>(r)
-        };
-        let r = timeout_at(deadline, accepted)
-            .await
-            .unwrap_or_else(|_| Err("timed out".into()))
-            .map_err(|e| (p.node, format!("accepting its message stream: {e}")))?;
-        recvs.push((p.node, r));
+            return None;
+        }
+    };
+    let mut h = [0u8; 8];
+    let node = match r.read_exact(&mut h).await {
+        Ok(()) => u32::from_le_bytes(h[4..].try_into().expect("4 bytes")) as usize,
+        Err(e) => {
+            if let Some(why) = lost(cx.peer, &e) {
+                cx.mailbox.fail(&why);
+            }
+            return None;
+        }
+    };
+    if h[..4] != HELLO || node != cx.peer {
+        let why = format!(
+            "node {} opened a stream that is not its message stream",
+            cx.peer
+        );
+        protocol(cx, &why);
+        return None;
     }
-    Ok((sends, recvs))
+    Some(r)
 }
 
 /// Sends the messages of `rx` to `node` in order, each by its deadline. After a failure the
@@ -105,6 +111,12 @@ pub(crate) async fn writer(node: usize, mut send: SendStream, mut rx: UnboundedR
     while let Some(m) = rx.recv().await {
         let sent = match &broken {
             Some(why) => Sent::Failed(why.clone()),
+            // Its deadline passed while it waited behind others: nothing of it was written,
+            // so the stream stays whole.
+            None if Instant::now() >= m.deadline => {
+                let _ = m.done.send(Sent::TimedOut);
+                continue;
+            }
             None => match timeout_at(m.deadline, write(&mut send, &m)).await {
                 Ok(Ok(())) => Sent::Done,
                 Ok(Err(e)) => Sent::Failed(format!("the link to node {node} failed: {e}")),
@@ -147,13 +159,23 @@ pub(crate) struct ReaderCx {
     pub(crate) conn: quinn::Connection,
 }
 
-/// Files every message from `cx.peer` in the mailbox until the stream ends. A clean end (the
-/// goodbye's close, this node's own shutdown) ends it quietly; a lost link fails the mailbox
-/// naming the node; a header that no correct node sends fails it and closes the connection.
-pub(crate) async fn reader(cx: ReaderCx, mut recv: RecvStream) {
+/// Accepts `cx.peer`'s message stream, then files every message from it in the mailbox until
+/// the stream ends. A clean end (the goodbye's close, this node's own shutdown) ends it
+/// quietly; a lost link fails the mailbox naming the node; a header that no correct node
+/// sends fails it and closes the connection.
+pub(crate) async fn reader(cx: ReaderCx) {
+    let Some(mut recv) = accept(&cx).await else {
+        return;
+    };
     loop {
         let mut h = [0u8; HEADER];
         if let Err(e) = recv.read_exact(&mut h).await {
+            if let ReadExactError::FinishedEarly(n) = e
+                && n > 0
+            {
+                let why = format!("node {} ended its message stream within a header", cx.peer);
+                return protocol(&cx, &why);
+            }
             if let Some(why) = lost(cx.peer, &e) {
                 cx.mailbox.fail(&why);
             }
@@ -232,6 +254,12 @@ fn lost(peer: usize, e: &ReadExactError) -> Option<String> {
             ));
         }
     };
+    conn_lost(peer, conn)
+}
+
+/// Why the connection to `peer` ended, or `None` when it ended as a job ends (closed after
+/// the goodbye, or by this node itself).
+fn conn_lost(peer: usize, conn: &ConnectionError) -> Option<String> {
     match conn {
         ConnectionError::LocallyClosed => None,
         ConnectionError::ApplicationClosed(c)

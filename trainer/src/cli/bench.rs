@@ -307,7 +307,7 @@ mod tests {
         assert!(parse_sizes("7").is_err());
         assert!(parse_sizes("abc").is_err());
         assert!(parse_sizes("100G").is_err());
-        assert_eq!(parse_ops("all").unwrap().len(), 5);
+        assert_eq!(parse_ops("all").unwrap().len(), 6);
         assert!(parse_ops("all-reduce,nope").is_err());
     }
 }

@@ -46,8 +46,11 @@ pub enum Op {
 }
 
 /// The forward and backward passes of stage `stage` of `stages`, for `micro` micro-batches,
-/// in the order it runs them.
+/// in the order it runs them (`stage < stages`; none for a stage past them).
 pub fn ops(schedule: Schedule, stage: usize, stages: usize, micro: usize) -> Vec<Op> {
+    if stage >= stages {
+        return Vec::new();
+    }
     let forwards = (0..micro).map(Op::Forward);
     let backwards = (0..micro).map(Op::Backward);
     match schedule {

@@ -15,7 +15,7 @@ use std::ops::Range;
 use std::time::Instant;
 use wiretrain_comm::{CallOpts, ProcessGroup, ReduceOp, Work};
 
-/// What one pipeline step did, the same on every stage.
+/// What one pipeline step did on this stage (the loss is the same on every stage).
 #[derive(Debug, Clone, PartialEq)]
 pub struct PipelineReport {
     /// The mean loss over the step's micro-batches (computed on the last stage).
@@ -165,7 +165,26 @@ impl<M: Units> PipelineTrainer<M> {
     /// the first unit (called on the first stage only); `loss(i, out)` turns the last unit's
     /// output for micro-batch `i` into its mean loss (on the last stage only). Every stage
     /// calls it once per step.
+    ///
+    /// A stage that fails fails the job at once (its neighbours' waiting receives end with
+    /// its reason), as a failed collective does.
     pub fn step(
+        &mut self,
+        input: impl FnMut(usize) -> Act,
+        loss: impl FnMut(usize, Act) -> Tensor<1>,
+    ) -> Result<PipelineReport, TrainError> {
+        let r = self.run_step(input, loss);
+        if let Err(e) = &r
+            && !matches!(e, TrainError::Comm(_))
+        {
+            // A communication error failed the node already; anything else does now.
+            let why = format!("pipeline stage {}: {e}", self.stage);
+            self.pg.aborter().abort(&why);
+        }
+        r
+    }
+
+    fn run_step(
         &mut self,
         mut input: impl FnMut(usize) -> Act,
         mut loss: impl FnMut(usize, Act) -> Tensor<1>,

@@ -1,7 +1,10 @@
 //! An [`Act`] as two messages between stages: a fixed-size header that describes its tensors
 //! (kind, rank, dimensions; what the receiver needs to post the second receive and rebuild
 //! the tensors) and the elements of all of them, as f32. Integer tensors (token ids, masks)
-//! travel as f32 too, exactly while they stay within ±2^24; larger ones are refused.
+//! travel as f32 too, exactly while they stay within ±2^24; larger ones are refused. An
+//! activation is one tensor or a flat tuple of at least two (a nested or one-element tuple is
+//! refused: it would arrive flattened). A header no stage writes is refused before anything is
+//! allocated for it.
 
 use super::PipelineError;
 use crate::transfer;
@@ -14,6 +17,8 @@ pub const MAX_LEAVES: usize = 8;
 pub const HEADER_LEN: usize = 1 + 6 * MAX_LEAVES;
 /// The largest integer (and dimension) an f32 holds exactly.
 const EXACT: f32 = 16_777_216.0;
+/// The most elements one activation carries (what one message may: 1 GiB of f32).
+const MAX_ELEMS: usize = (1 << 30) / 4;
 
 /// One tensor of an activation: whether it is an integer one, and its dimensions.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +29,15 @@ struct Leaf {
 
 /// The header and the elements of `act` (read to the host: one read per tensor).
 pub fn encode(act: &Act) -> Result<(Vec<f32>, Vec<f32>), PipelineError> {
+    if let Act::Tuple(v) = act
+        && (v.len() < 2 || v.iter().any(|a| matches!(a, Act::Tuple(_))))
+    {
+        return Err(PipelineError::Activation(
+            "a nested or one-element tuple cannot cross a stage boundary (it would arrive \
+             flattened): pass a flat tuple of two or more tensors"
+                .into(),
+        ));
+    }
     let mut leaves = Vec::new();
     let mut data = Vec::new();
     flatten(act, &mut leaves, &mut data)?;
@@ -40,7 +54,7 @@ pub fn encode(act: &Act) -> Result<(Vec<f32>, Vec<f32>), PipelineError> {
         header[at] = f32::from(u8::from(l.int));
         header[at + 1] = l.dims.len() as f32;
         for (j, &d) in l.dims.iter().enumerate() {
-            if d as f32 > EXACT {
+            if d > 1 << 24 {
                 return Err(PipelineError::Activation(format!(
                     "a dimension of {d} is above 2^24"
                 )));
@@ -82,28 +96,36 @@ pub fn decode(header: &[f32], data: Vec<f32>, device: &Device) -> Result<Act, Pi
 
 fn leaves_of(header: &[f32]) -> Result<Vec<Leaf>, PipelineError> {
     let bad = |why: &str| PipelineError::Activation(format!("a malformed header: {why}"));
+    // A header value as a count: an integer from 0 to 2^24.
+    let count = |x: f32| (x.fract() == 0.0 && (0.0..=EXACT).contains(&x)).then_some(x as usize);
     if header.len() != HEADER_LEN {
         return Err(bad("wrong length"));
     }
-    let n = header[0] as usize;
-    if header[0].fract() != 0.0 || n == 0 || n > MAX_LEAVES {
-        return Err(bad("tensor count"));
-    }
+    let n = count(header[0]).filter(|n| (1..=MAX_LEAVES).contains(n));
+    let n = n.ok_or_else(|| bad("tensor count"))?;
+    let mut total = 0usize;
     (0..n)
         .map(|k| {
             let at = 1 + 6 * k;
-            let rank = header[at + 1] as usize;
-            if !(1..=4).contains(&rank) || header[at] > 1.0 {
-                return Err(bad("kind or rank"));
+            let int = match header[at] {
+                0.0 => false,
+                1.0 => true,
+                _ => return Err(bad("kind")),
+            };
+            let rank = count(header[at + 1]).unwrap_or(0);
+            if !(1..=if int { 3 } else { 4 }).contains(&rank) {
+                return Err(bad("rank"));
             }
-            let dims: Vec<usize> = header[at + 2..at + 2 + rank]
+            let dims = header[at + 2..at + 2 + rank]
                 .iter()
-                .map(|&d| d as usize)
-                .collect();
-            Ok(Leaf {
-                int: header[at] == 1.0,
-                dims,
-            })
+                .map(|&d| count(d).ok_or_else(|| bad("dimension")))
+                .collect::<Result<Vec<usize>, _>>()?;
+            let elems = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+            total = elems
+                .and_then(|e| total.checked_add(e))
+                .filter(|&t| t <= MAX_ELEMS)
+                .ok_or_else(|| bad("more elements than a message carries"))?;
+            Ok(Leaf { int, dims })
         })
         .collect()
 }
@@ -132,34 +154,28 @@ fn flatten(act: &Act, leaves: &mut Vec<Leaf>, data: &mut Vec<f32>) -> Result<(),
             t.dims().to_vec(),
             transfer::read_f32(t.clone()).map_err(read)?,
         ),
-        Act::I1(t) => int(t.dims().to_vec(), t.clone().float(), leaves, data),
-        Act::I2(t) => int(
-            t.dims().to_vec(),
-            t.clone().float().flatten(0, 1),
-            leaves,
-            data,
-        ),
-        Act::I3(t) => int(
-            t.dims().to_vec(),
-            t.clone().float().flatten(0, 2),
-            leaves,
-            data,
-        ),
+        Act::I1(t) => int(t.dims().to_vec(), t.clone().into_data(), leaves, data),
+        Act::I2(t) => int(t.dims().to_vec(), t.clone().into_data(), leaves, data),
+        Act::I3(t) => int(t.dims().to_vec(), t.clone().into_data(), leaves, data),
         Act::Tuple(v) => v.iter().try_for_each(|a| flatten(a, leaves, data)),
     }
 }
 
 fn int(
     dims: Vec<usize>,
-    flat: Tensor<1>,
+    d: TensorData,
     leaves: &mut Vec<Leaf>,
     data: &mut Vec<f32>,
 ) -> Result<(), PipelineError> {
-    let v = transfer::read_f32(flat).map_err(|e| PipelineError::Activation(e.to_string()))?;
-    if let Some(x) = v.iter().find(|x| x.abs() > EXACT) {
-        return Err(PipelineError::Activation(format!(
-            "an integer activation of {x} is above 2^24 and cannot travel exactly"
-        )));
+    // Checked as integers, before any rounding to f32.
+    let mut v = Vec::with_capacity(d.num_elements());
+    for x in d.iter::<i64>() {
+        if x.unsigned_abs() > 1 << 24 {
+            return Err(PipelineError::Activation(format!(
+                "an integer activation of {x} is above 2^24 and cannot travel exactly"
+            )));
+        }
+        v.push(x as f32);
     }
     data.extend(v);
     leaves.push(Leaf { int: true, dims });
@@ -212,16 +228,34 @@ mod tests {
         let one = Act::F2(Tensor::<2>::zeros([3, 4], &dev));
         let (h, d) = encode(&one).unwrap();
         assert!(matches!(decode(&h, d, &dev).unwrap(), Act::F2(t) if t.dims() == [3, 4]));
-        let big = Act::I1(Tensor::<1, Int>::from_ints([16_777_217 * 2], &dev));
+        // 2^24 + 1 would round to 2^24 as f32: refused, not rounded.
+        let big = Act::I1(Tensor::<1, Int>::from_ints([16_777_217], &dev));
         assert!(encode(&big).unwrap_err().to_string().contains("above 2^24"));
-        let mut bad = h.clone();
-        bad[0] = 9.0;
+        let nested = Act::Tuple(vec![
+            Act::Tuple(vec![one.clone(), one.clone()]),
+            one.clone(),
+        ]);
         assert!(
-            data_len(&bad)
+            encode(&nested)
                 .unwrap_err()
                 .to_string()
-                .contains("malformed")
+                .contains("flat tuple")
         );
+        assert!(encode(&Act::Tuple(vec![one.clone()])).is_err());
+        let malformed = |at: usize, x: f32| {
+            let mut bad = h.clone();
+            bad[at] = x;
+            data_len(&bad).unwrap_err().to_string()
+        };
+        assert!(malformed(0, 9.0).contains("tensor count"));
+        assert!(malformed(1, 0.5).contains("kind"));
+        assert!(malformed(2, 5.0).contains("rank"));
+        assert!(malformed(3, 1e30).contains("dimension"));
+        assert!(malformed(3, f32::NAN).contains("dimension"));
+        let mut huge = h.clone();
+        (huge[3], huge[4]) = (16_777_216.0, 16_777_216.0);
+        let e = data_len(&huge).unwrap_err().to_string();
+        assert!(e.contains("more elements than a message"), "{e}");
         assert!(decode(&h, vec![0.0; 5], &dev).is_err());
     }
 }

@@ -1,5 +1,5 @@
-//! What a strategy answers about the state it holds, so that the trainer's checkpoint, heal
-//! and memory code never branches on the strategy's stage or scope: which piece of its state
+//! What a strategy answers about the state it holds, which the trainer's checkpoint, heal and
+//! memory code asks instead of branching on the strategy's stage or scope: which piece of its state
 //! a rank writes to a checkpoint ([`GradSync::checkpoint_piece`](super::GradSync)), which
 //! ranks hold replicas of each other's state ([`Replicas`]) and how many elements it holds
 //! ([`Holding`]).
