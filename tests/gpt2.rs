@@ -14,15 +14,6 @@ fn dir(name: &str) -> std::path::PathBuf {
     common::fresh_dir("wiretrain-gpt2", name)
 }
 
-/// The per-step losses of a metrics file (the summary line has no `step`).
-fn losses(m: &Path) -> Vec<f64> {
-    common::jsonl(m)
-        .iter()
-        .filter(|v| v.get("step").is_some())
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
-}
-
 fn gpt2(args: &[&str]) -> std::process::Output {
     let ex = common::example("gpt2");
     let mut all = vec![ex.to_str().unwrap()];
@@ -60,7 +51,7 @@ fn launch_2x2(strategy: &str, m: &Path) -> Vec<f64> {
     let summary = common::jsonl(m).pop().unwrap();
     assert_eq!(summary["world"], 4, "{summary}");
     assert_eq!(summary["example"], "gpt2", "{summary}");
-    losses(m)
+    common::step_losses(m)
 }
 
 #[test]
@@ -75,7 +66,7 @@ fn the_gpt2_style_decoder_trains_at_2x2_as_plain_burn_does_under_every_exact_str
         "--metrics",
         reference.to_str().unwrap(),
     ]);
-    let want = losses(&reference);
+    let want = common::step_losses(&reference);
     assert_eq!(want.len(), STEPS);
     assert!(
         want[STEPS - 1] < 0.8 * want[0],

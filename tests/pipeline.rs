@@ -16,14 +16,6 @@ fn dir(name: &str) -> std::path::PathBuf {
     common::fresh_dir("pipeline", name)
 }
 
-fn losses(m: &Path) -> Vec<f64> {
-    common::jsonl(m)
-        .iter()
-        .filter(|v| v.get("step").is_some())
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
-}
-
 /// The final parameters by path.
 fn params(p: &Path) -> serde_json::Map<String, serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
@@ -99,7 +91,7 @@ fn reference(d: &Path, batch: &str) -> (Vec<f64>, serde_json::Map<String, serde_
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", common::text(&out));
-    (losses(&m), params(&p))
+    (common::step_losses(&m), params(&p))
 }
 
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
@@ -160,7 +152,7 @@ fn pipelines_of_2_and_4_stages_and_with_replicas_equal_plain_burn_with_1f1b_and_
         let extra = [extra, &["--batch", batch]].concat();
         let out = launch(nodes, ranks, &extra, &d);
         assert!(out.status.success(), "{extra:?}: {}", common::text(&out));
-        let l = losses(&d.join("m.jsonl"));
+        let l = common::step_losses(&d.join("m.jsonl"));
         let p = params(&d.join("p.json"));
         assert!(
             max_diff(&l, want_l) < 1e-5,

@@ -113,6 +113,15 @@ pub fn jsonl(p: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// The per-step losses of a metrics file (the summary line has no `step`).
+pub fn step_losses(m: &Path) -> Vec<f64> {
+    jsonl(m)
+        .iter()
+        .filter(|v| v.get("step").is_some())
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
 /// The little-endian f32 values of a `--save-params` file.
 pub fn read_f32(p: &Path) -> Vec<f32> {
     std::fs::read(p)
